@@ -1,0 +1,91 @@
+"""The sandbox boundary: what an agent's tools may do to the world, and what they get back.
+
+`Sandbox` is the async Protocol every backend satisfies (Docker, the local process backend, test
+fakes). `ExecResult` is frozen data: failures (timeouts, OOM kills, a container that died) are
+fields on the result with an `error_type`, not exceptions, except for infrastructure failures
+that make the sandbox unusable, which raise `SandboxError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Mapping, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ExecErrorType = Literal["timeout", "oom", "output_limit", "container_died", "exec_failed"]
+
+
+class SandboxError(Exception):
+    """The sandbox itself failed (engine unreachable, container gone): an infrastructure error."""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool = False
+    oom_killed: bool = False
+    truncated: bool = False
+    stdout_bytes: int = 0  # original size before capping
+    stderr_bytes: int = 0
+    stdout_sha256: str = ""
+    stderr_sha256: str = ""
+    error_type: ExecErrorType | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and self.error_type is None
+
+
+class SandboxLimits(BaseModel):
+    """Resource limits of one sandbox; every field can be overridden per task."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    memory_mb: int = Field(512, ge=16, description="memory limit in MiB (swap off)")
+    cpus: float = Field(1.0, gt=0, le=64, description="CPU quota in cores")
+    pids: int = Field(128, ge=8, description="max processes/threads in the container")
+    workdir_mb: int = Field(256, ge=1, description="size of the tmpfs work dir /work")
+    tmp_mb: int = Field(64, ge=1, description="size of the tmpfs /tmp")
+    nofile: int = Field(1024, ge=16, description="open files per process (ulimit -n)")
+    fsize_mb: int = Field(128, ge=1, description="largest file a process may write (ulimit -f)")
+    output_bytes: int = Field(65536, ge=1024, description="stdout/stderr kept per exec (head+tail)")
+    exec_timeout_s: float = Field(60.0, gt=0, description="default timeout of one exec")
+    ttl_s: float = Field(3600.0, gt=0, description="hard lifetime of the container (kill switch)")
+    network: bool = Field(False, description="allow network access (off by default)")
+
+
+class SandboxSpec(BaseModel):
+    """What to start: an image and its limits, plus files to place in the work dir."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: str = Field("stalewise-base:latest", description="local Docker image name")
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
+    files: Mapping[str, str] = Field(default_factory=dict, description="path -> text, put in /work")
+    workdir: str = "/work"
+
+
+class Sandbox(Protocol):
+    async def start(self) -> None: ...
+
+    async def exec(
+        self,
+        cmd: str | list[str],
+        *,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+    ) -> ExecResult: ...
+
+    async def read_file(self, path: str) -> bytes: ...
+
+    async def write_file(self, path: str, data: bytes | str) -> None: ...
+
+    async def put_dir(self, local_dir: str, dest: str) -> None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,22 @@
+"""The `stalewise` command line. Each area owns its sub-app; heavy imports happen inside commands."""
+
+from __future__ import annotations
+
+import typer
+
+from engine.cli import engine_app, model_app
+from lab.cli import app as lab_app
+from learner.cli import app as learner_app
+from sandboxes.cli import app as sandbox_app
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="stalewise: RL post-training of LLM agents on long, tool-using tasks.")
+app.add_typer(sandbox_app, name="sandbox", help="Docker sandboxes: build, run, clean up, check.")
+app.add_typer(engine_app, name="engine", help="The embedded inference engine.")
+app.add_typer(model_app, name="model", help="Create and inspect policy checkpoints.")
+app.add_typer(learner_app, name="learner", help="The learner (trainer) process.")
+app.add_typer(lab_app, name="lab", help="Update-quality lab: bias and variance of update rules.")
+
+
+def main() -> None:
+    app()

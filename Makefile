@@ -1,0 +1,27 @@
+.PHONY: setup demo test test-fast bench clean
+
+setup:
+	bash scripts/setup.sh
+
+# The main job: tiny model, SFT warm start, RL in inflight mode with real Docker sandboxes.
+demo: setup
+	.venv/bin/python scripts/demo.py configs/demo.toml
+
+test: setup
+	bash scripts/ensure_postgres.sh
+	.venv/bin/python -m pytest -q
+
+# Unit tests only (no Docker, no PostgreSQL, nothing slow).
+test-fast:
+	.venv/bin/python -m pytest -q -m "not docker and not postgres and not slow"
+
+bench: setup
+	.venv/bin/python bench/store.py
+	.venv/bin/python bench/sandbox.py
+	.venv/bin/python bench/engine.py
+	.venv/bin/python bench/learner.py
+	.venv/bin/python bench/orchestrator.py
+	.venv/bin/python bench/pipeline.py
+
+clean:
+	rm -rf var .pytest_cache

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# All set-up for `make demo` and `make test`, idempotent and fast on a second run:
+# a virtualenv in .venv with the project installed (CPU torch where there is no GPU), a Docker
+# engine answering `docker info`, and the sandbox base image.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+VENV=.venv
+STAMP="$VENV/.stalewise-installed"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV" >&2
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+fi
+
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "setup: GPU found, installing torch" >&2
+    "$VENV/bin/python" -m pip install -q "torch>=2.4"
+  else
+    echo "setup: no GPU, installing the CPU torch wheel" >&2
+    "$VENV/bin/python" -m pip install -q torch==2.13.0
+  fi
+fi
+
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+  echo "setup: installing stalewise and its dependencies" >&2
+  "$VENV/bin/python" -m pip install -q -e ".[test]" --config-settings editable_mode=compat
+  touch "$STAMP"
+fi
+
+if [ "${STALEWISE_SKIP_DOCKER:-0}" != "1" ]; then
+  bash scripts/ensure_docker.sh
+  "$VENV/bin/stalewise" sandbox build-base
+fi

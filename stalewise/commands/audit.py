@@ -1,0 +1,136 @@
+"""`stalewise audit runs|trajectories|show`: rich tables on a terminal, `--json` for scripts."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from stalewise.store.db import DEFAULT_URL
+
+app = typer.Typer(no_args_is_help=True)
+URL = typer.Option(DEFAULT_URL, "--url", help="SQLite path/URL or PostgreSQL URL")
+JSON = typer.Option(False, "--json", help="print JSON instead of tables")
+
+
+def _open(url: str):
+    from stalewise.store.db import StaleSchemaError
+    from stalewise.store.store import Store
+
+    try:
+        return Store.open(url)
+    except StaleSchemaError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _when(stamp: float | None) -> str:
+    return "-" if stamp is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+
+
+def _table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> Table:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*[_fmt(row.get(c)) for c in columns])
+    return table
+
+
+@app.command("runs")
+def runs_command(url: str = URL, as_json: bool = JSON, limit: int = 50) -> None:
+    """List runs, newest first."""
+    from stalewise.store import audit
+
+    store = _open(url)
+    rows = audit.runs(store, limit)
+    store.close()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        row["created"] = _when(row["created_at"])
+    Console().print(_table("runs", rows, ["id", "name", "status", "mode", "created",
+                                          "trajectories", "admitted", "mean_reward"]))
+
+
+@app.command("trajectories")
+def trajectories_command(run: str = typer.Option(..., "--run", help="run id"),
+                         status: str | None = typer.Option(None, help="only this status"),
+                         min_lag: int | None = typer.Option(None, help="admitted with lag >= N"),
+                         reward_below: float | None = typer.Option(None, help="reward < X"),
+                         limit: int = 200, url: str = URL, as_json: bool = JSON) -> None:
+    """List a run's trajectories, with filters."""
+    from stalewise.store import audit
+
+    store = _open(url)
+    rows = audit.trajectories(store, run, status=status, min_lag=min_lag,
+                              reward_below=reward_below, limit=limit)
+    store.close()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    Console().print(_table(f"trajectories of {run}", rows,
+                           ["id", "task", "difficulty", "group", "sample", "status",
+                            "stop_reason", "reward", "turns", "tokens", "versions", "lag",
+                            "decision", "duration_s"]))
+
+
+@app.command("show")
+def show_command(trajectory_id: int, url: str = URL, as_json: bool = JSON,
+                 tokenizer: str | None = typer.Option(None, help="model dir for token text"),
+                 max_tokens: int = typer.Option(0, help="tokens shown per turn (0 = all)")) -> None:
+    """One trajectory: turns, tool calls and the per-token table."""
+    from stalewise.store import audit
+
+    store = _open(url)
+    detail = audit.trajectory_detail(store, trajectory_id, tokenizer_dir=tokenizer)
+    store.close()
+    if detail is None:
+        typer.echo(f"error: no trajectory {trajectory_id} in {url}", err=True)
+        raise typer.Exit(1)
+    if as_json:
+        typer.echo(json.dumps(detail, indent=2, default=str))
+        return
+    console = Console()
+    info = detail["trajectory"]
+    console.print(f"[bold]trajectory {info['id']}[/] run {info['run_id']}  status "
+                  f"{info['status']} ({info['stop_reason']})  reward {_fmt(info['reward'])}  "
+                  f"versions {info['min_version']}..{info['max_version']}  turns "
+                  f"{info['num_turns']}  breakdown {info['reward_breakdown']}")
+    if info["error"]:
+        console.print(f"[red]error:[/] {info['error']}")
+    for decision in detail["admission"]:
+        console.print(f"admission: {decision['decision']} ({decision['reason']}), lag "
+                      f"{decision['lag']}, learner version {decision['learner_version']}")
+    for turn in detail["turns"]:
+        console.print(f"\n[bold]turn {turn['turn']}[/] segment {turn['segment']}: "
+                      f"{turn['prompt_tokens']} prompt tokens ({turn['cached_prompt_tokens']} "
+                      f"cached), {len(turn['tokens'])} sampled, finish {turn['finish_reason']}, "
+                      f"{turn['duration_s']:.3f} s")
+        tokens = turn["tokens"][:max_tokens] if max_tokens else turn["tokens"]
+        table = Table(show_edge=False)
+        for column in ("pos", "id", "text", "sampler logprob", "version", "kv version", "t (s)"):
+            table.add_column(column)
+        for tok in tokens:
+            table.add_row(str(tok["position"]), str(tok["id"]),
+                          repr(tok["text"]) if tok["text"] is not None else "",
+                          f"{tok['sampler_logprob']:.4f}", str(tok["version"]),
+                          str(tok["kv_version"]), f"{tok['time_s']:.4f}")
+        console.print(table)
+        for call in turn["tool_calls"]:
+            console.print(f"  tool {call['name']}({json.dumps(call['arguments'])}) -> exit "
+                          f"{call['exit_code']} {call['error_type'] or ''} "
+                          f"{call['duration_s']:.3f} s: {call['observation'][:200]!r}")

@@ -1,0 +1,44 @@
+"""`stalewise db upgrade|downgrade|check|current`."""
+
+from __future__ import annotations
+
+import typer
+
+from stalewise.store.db import DEFAULT_URL, StaleSchemaError, normalize_url
+
+app = typer.Typer(no_args_is_help=True)
+URL = typer.Option(DEFAULT_URL, "--url", help="SQLite path/URL or PostgreSQL URL")
+
+
+@app.command()
+def upgrade(url: str = URL, revision: str = typer.Argument("head")) -> None:
+    """Migrate the database to REVISION (default: head), creating it if needed."""
+    from stalewise.store.db import upgrade as run_upgrade
+
+    run_upgrade(url, revision)
+    typer.echo(f"{normalize_url(url)}: at revision {revision}")
+
+
+@app.command()
+def downgrade(url: str = URL, revision: str = typer.Argument(...)) -> None:
+    """Migrate the database down to REVISION ('base' removes every table)."""
+    from stalewise.store.db import downgrade as run_downgrade
+
+    run_downgrade(url, revision)
+    typer.echo(f"{normalize_url(url)}: at revision {revision}")
+
+
+@app.command()
+def check(url: str = URL) -> None:
+    """Exit non-zero unless the schema is at head; says which command fixes it."""
+    from stalewise.store.db import check_schema, make_engine
+
+    engine = make_engine(url)
+    try:
+        check_schema(engine, normalize_url(url))
+    except StaleSchemaError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        engine.dispose()
+    typer.echo(f"{normalize_url(url)}: schema at head")

@@ -1,0 +1,36 @@
+"""`stalewise run job.toml [--dry-run] [--resume RUN]`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from stalewise.config_errors import ConfigError
+
+
+def load_or_exit(path: Path):
+    from stalewise.config import load_config
+
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            typer.echo(f"error: {exc.source}: {problem}", err=True)
+        raise typer.Exit(2) from None
+
+
+def run_command(config: Path = typer.Argument(..., help="job config (TOML)"),
+                dry_run: bool = typer.Option(False, "--dry-run",
+                                             help="validate and print the resolved config"),
+                resume: str | None = typer.Option(None, "--resume", help="resume run RUN")) -> None:
+    """Run an RL job described by CONFIG."""
+    job = load_or_exit(config)
+    if dry_run:
+        typer.echo(json.dumps(job.model_dump(mode="json"), indent=2))
+        typer.echo(f"{config}: config is valid", err=True)
+        return
+    from orchestrator.job import run_job
+
+    raise typer.Exit(run_job(job, config_path=config, resume=resume))

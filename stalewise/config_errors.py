@@ -1,0 +1,68 @@
+"""Turn pydantic validation errors into one line per problem that says how to fix it."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config file could not be read or validated; `problems` holds one line per problem."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: " + "; ".join(problems))
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif item.startswith("function-") or item in ("literal", "list", "dict"):
+            continue  # validator names pydantic adds to the location
+        else:
+            parts.append(("." if parts else "") + item)
+    return "".join(parts) or "(top level)"
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model class that owns the field at `loc[:-1]`, for unknown-key hints."""
+    current: Any = model
+    for item in loc[:-1]:
+        if isinstance(item, int) or not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(item)
+        if field is None:
+            return None
+        current = field.annotation
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def describe(error: dict[str, Any], model: type[BaseModel]) -> str:
+    path = _field_path(error["loc"])
+    kind = error["type"]
+    got = error.get("input")
+    if kind == "extra_forbidden":
+        owner = _model_at(model, error["loc"])
+        allowed = sorted(owner.model_fields) if owner else []
+        key = str(error["loc"][-1])
+        close = difflib.get_close_matches(key, allowed, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        return f"{path}: unknown field; {hint}allowed fields: {', '.join(allowed)}"
+    if kind == "literal_error":
+        expected = error.get("ctx", {}).get("expected", "")
+        return f"{path}: got {got!r}; allowed values: {expected}"
+    if kind == "missing":
+        return f"{path}: required field is missing; add it to the file"
+    message = error["msg"]
+    if got is not None and not isinstance(got, dict):
+        return f"{path}: {message} (got {got!r})"
+    return f"{path}: {message}"
+
+
+def problems_of(exc: ValidationError, model: type[BaseModel]) -> list[str]:
+    return [describe(err, model) for err in exc.errors()]

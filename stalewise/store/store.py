@@ -1,0 +1,334 @@
+"""The trajectory store: typed, synchronous writes and reads over SQLAlchemy Core.
+
+Guarantees:
+- every write method is one transaction (on SQLite it takes the write lock up front);
+- `admit` inserts the decision row and the learner-stream entry in one transaction, with a
+  sequence number drawn atomically from `runs.stream_head`: admitted trajectories are numbered
+  1, 2, 3, ... with no gap and no repeat, whatever the number of concurrent writers;
+- `insert_model_calls` checks that every per-token array of a call has the same length.
+
+Async callers run these methods in a worker thread (`anyio.to_thread.run_sync`); the orchestrator
+batches its writes through `StoreWriter` so that the event loop never waits on the disk.
+"""
+
+from __future__ import annotations
+
+import json
+import hashlib
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+from sqlalchemy import Engine, func, insert, select, update
+
+from stalewise.records import FLOAT32, INT32, UINT8, SampledTokens, pack, unpack
+from stalewise.store import schema as s
+from stalewise.store.db import DEFAULT_URL, normalize_url, open_store_engine
+
+
+def now() -> float:
+    return time.time()
+
+
+def model_call_row(*, trajectory_id: int, turn: int, segment: int, context_len: int,
+                   prompt_token_ids: Sequence[int] | np.ndarray, tokens: SampledTokens,
+                   sampling: dict[str, Any], engine_id: str, finish_reason: str,
+                   cached_prompt_tokens: int, started_at: float, finished_at: float,
+                   loss_mask: np.ndarray | None = None) -> dict[str, Any]:
+    """One `model_calls` row; the loss mask defaults to 1 on every sampled token."""
+    if loss_mask is None:
+        loss_mask = np.ones(len(tokens), dtype=UINT8)
+    if len(loss_mask) != len(tokens):
+        raise ValueError(f"loss_mask has {len(loss_mask)} entries for {len(tokens)} tokens")
+    return dict(
+        trajectory_id=trajectory_id, turn=turn, segment=segment, context_len=context_len,
+        num_tokens=len(tokens),
+        prompt_token_ids=pack(prompt_token_ids, INT32),
+        token_ids=tokens.token_ids.tobytes(),
+        sampler_logprobs=tokens.sampler_logprobs.tobytes(),
+        weights_versions=tokens.weights_versions.tobytes(),
+        kv_versions=tokens.kv_versions.tobytes(),
+        time_offsets=tokens.time_offsets.tobytes(),
+        loss_mask=pack(loss_mask, UINT8),
+        topk=tokens.topk,
+        topk_ids=None if tokens.topk_ids is None else tokens.topk_ids.tobytes(),
+        topk_logprobs=None if tokens.topk_logprobs is None else tokens.topk_logprobs.tobytes(),
+        sampling=sampling, engine_id=engine_id, finish_reason=finish_reason,
+        cached_prompt_tokens=cached_prompt_tokens, started_at=started_at, finished_at=finished_at,
+    )
+
+
+@dataclass(frozen=True)
+class StoredModelCall:
+    """A decoded `model_calls` row."""
+
+    id: int
+    trajectory_id: int
+    turn: int
+    segment: int
+    context_len: int
+    prompt_token_ids: np.ndarray
+    tokens: SampledTokens
+    loss_mask: np.ndarray
+    sampling: dict[str, Any]
+    engine_id: str
+    finish_reason: str
+    cached_prompt_tokens: int
+    started_at: float
+    finished_at: float
+
+
+def decode_model_call(row: Any) -> StoredModelCall:
+    k = row.topk
+    tokens = SampledTokens(
+        token_ids=unpack(row.token_ids, INT32),
+        sampler_logprobs=unpack(row.sampler_logprobs, FLOAT32),
+        weights_versions=unpack(row.weights_versions, INT32),
+        kv_versions=unpack(row.kv_versions, INT32),
+        time_offsets=unpack(row.time_offsets, FLOAT32),
+        topk_ids=unpack(row.topk_ids, INT32, k) if k else None,
+        topk_logprobs=unpack(row.topk_logprobs, FLOAT32, k) if k else None,
+    )
+    return StoredModelCall(
+        id=row.id, trajectory_id=row.trajectory_id, turn=row.turn, segment=row.segment,
+        context_len=row.context_len, prompt_token_ids=unpack(row.prompt_token_ids, INT32),
+        tokens=tokens, loss_mask=unpack(row.loss_mask, UINT8), sampling=row.sampling,
+        engine_id=row.engine_id, finish_reason=row.finish_reason,
+        cached_prompt_tokens=row.cached_prompt_tokens, started_at=row.started_at,
+        finished_at=row.finished_at,
+    )
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class Store:
+    """All reads and writes of one database. Thread-safe (one connection per call)."""
+
+    def __init__(self, engine: Engine, url: str = DEFAULT_URL) -> None:
+        self.engine = engine
+        self.url = url
+
+    @classmethod
+    def open(cls, url: str = DEFAULT_URL, *, create: bool = False) -> "Store":
+        url = normalize_url(url)
+        return cls(open_store_engine(url, create=create), url)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ---------------------------------------------------------------- runs
+    def create_run(self, run_id: str, *, name: str, config: dict[str, Any],
+                   pipeline_mode: str) -> None:
+        with self.engine.begin() as c:
+            c.execute(insert(s.Run.__table__).values(
+                id=run_id, name=name, status="running", pipeline_mode=pipeline_mode,
+                config=config, config_hash=config_hash(config), created_at=now(),
+                host=socket.gethostname(), pid=os.getpid(), stream_head=0))
+
+    def set_run_status(self, run_id: str, status: str, *, error: str | None = None,
+                       summary: dict[str, Any] | None = None, pid: int | None = None) -> None:
+        values: dict[str, Any] = {"status": status}
+        if status in ("finished", "failed", "aborted"):
+            values["finished_at"] = now()
+        if error is not None:
+            values["error"] = error
+        if summary is not None:
+            values["summary"] = summary
+        if pid is not None:
+            values["pid"] = pid
+        with self.engine.begin() as c:
+            c.execute(update(s.Run.__table__).where(s.Run.id == run_id).values(**values))
+
+    def run(self, run_id: str) -> Any | None:
+        with self.engine.connect() as c:
+            return c.execute(select(s.Run.__table__).where(s.Run.id == run_id)).first()
+
+    def runs(self, limit: int = 50) -> list[Any]:
+        with self.engine.connect() as c:
+            return list(c.execute(select(s.Run.__table__)
+                                  .order_by(s.Run.created_at.desc()).limit(limit)))
+
+    def run_is_finished(self, run_id: str) -> bool:
+        row = self.run(run_id)
+        return row is None or row.status != "running"
+
+    # ---------------------------------------------------------------- tasks and groups
+    def task_instance_id(self, run_id: str, *, family: str, key: str, content_hash: str,
+                         difficulty: str = "", prompt: str = "",
+                         meta: dict[str, Any] | None = None) -> int:
+        """Get or create the row of a task instance (unique per run, family and key)."""
+        table = s.TaskInstance.__table__
+        where = (table.c.run_id == run_id) & (table.c.family == family) & (table.c.key == key)
+        with self.engine.begin() as c:
+            existing = c.execute(select(table.c.id).where(where)).scalar()
+            if existing is not None:
+                return existing
+            return c.execute(insert(table).values(
+                run_id=run_id, family=family, key=key, content_hash=content_hash,
+                difficulty=difficulty, prompt=prompt, meta=meta)).inserted_primary_key[0]
+
+    def create_group(self, run_id: str, task_instance_id: int, *, size: int,
+                     dispatch_version: int) -> int:
+        with self.engine.begin() as c:
+            return c.execute(insert(s.Group.__table__).values(
+                run_id=run_id, task_instance_id=task_instance_id, size=size, status="open",
+                dispatch_version=dispatch_version, created_at=now())).inserted_primary_key[0]
+
+    def set_group_status(self, group_id: int, status: str) -> None:
+        values: dict[str, Any] = {"status": status}
+        if status != "open":
+            values["completed_at"] = now()
+        with self.engine.begin() as c:
+            c.execute(update(s.Group.__table__).where(s.Group.id == group_id).values(**values))
+
+    # ---------------------------------------------------------------- trajectories
+    def create_trajectory(self, run_id: str, *, group_id: int | None, task_instance_id: int | None,
+                          sample_index: int = 0, attempt: int = 0, dispatch_version: int = 0,
+                          status: str = "queued") -> int:
+        with self.engine.begin() as c:
+            return c.execute(insert(s.Trajectory.__table__).values(
+                run_id=run_id, group_id=group_id, task_instance_id=task_instance_id,
+                sample_index=sample_index, attempt=attempt, status=status, queued_at=now(),
+                dispatch_version=dispatch_version)).inserted_primary_key[0]
+
+    def update_trajectory(self, trajectory_id: int, **values: Any) -> None:
+        with self.engine.begin() as c:
+            c.execute(update(s.Trajectory.__table__)
+                      .where(s.Trajectory.id == trajectory_id).values(**values))
+
+    def insert_trajectories(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Bulk insert of complete trajectory rows with explicit ids (tools, benchmarks)."""
+        with self.engine.begin() as c:
+            c.execute(insert(s.Trajectory.__table__), list(rows))
+
+    def trajectory(self, trajectory_id: int) -> Any | None:
+        with self.engine.connect() as c:
+            return c.execute(select(s.Trajectory.__table__)
+                             .where(s.Trajectory.id == trajectory_id)).first()
+
+    # ---------------------------------------------------------------- model and tool calls
+    def insert_model_calls(self, rows: Sequence[dict[str, Any]]) -> None:
+        if rows:
+            with self.engine.begin() as c:
+                c.execute(insert(s.ModelCall.__table__), list(rows))
+
+    def insert_tool_calls(self, rows: Sequence[dict[str, Any]]) -> None:
+        if rows:
+            with self.engine.begin() as c:
+                c.execute(insert(s.ToolCall.__table__), list(rows))
+
+    def write_batch(self, *, model_calls: Sequence[dict[str, Any]] = (),
+                    tool_calls: Sequence[dict[str, Any]] = (),
+                    trajectory_updates: Iterable[tuple[int, dict[str, Any]]] = ()) -> None:
+        """Model calls, tool calls and trajectory updates in one transaction."""
+        with self.engine.begin() as c:
+            if model_calls:
+                c.execute(insert(s.ModelCall.__table__), list(model_calls))
+            if tool_calls:
+                c.execute(insert(s.ToolCall.__table__), list(tool_calls))
+            for trajectory_id, values in trajectory_updates:
+                c.execute(update(s.Trajectory.__table__)
+                          .where(s.Trajectory.id == trajectory_id).values(**values))
+
+    def model_calls(self, trajectory_id: int) -> list[StoredModelCall]:
+        table = s.ModelCall.__table__
+        with self.engine.connect() as c:
+            rows = c.execute(select(table).where(table.c.trajectory_id == trajectory_id)
+                             .order_by(table.c.segment, table.c.turn, table.c.id))
+            return [decode_model_call(r) for r in rows]
+
+    def tool_calls(self, trajectory_id: int) -> list[Any]:
+        table = s.ToolCall.__table__
+        with self.engine.connect() as c:
+            return list(c.execute(select(table).where(table.c.trajectory_id == trajectory_id)
+                                  .order_by(table.c.turn, table.c.index)))
+
+    # ---------------------------------------------------------------- admission and stream
+    def record_decision(self, run_id: str, *, decision: str, reason: str, learner_version: int,
+                        trajectory_id: int | None = None, group_id: int | None = None,
+                        lag: int | None = None, details: dict[str, Any] | None = None) -> None:
+        """A non-admitting decision (drop, requeue, mask without admission)."""
+        with self.engine.begin() as c:
+            c.execute(insert(s.AdmissionDecision.__table__).values(
+                run_id=run_id, trajectory_id=trajectory_id, group_id=group_id,
+                decision=decision, reason=reason, learner_version=learner_version, lag=lag,
+                details=details, created_at=now()))
+
+    def admit(self, run_id: str, trajectory_id: int, *, reason: str, learner_version: int,
+              group_id: int | None = None, lag: int | None = None, loss_masked: bool = False,
+              details: dict[str, Any] | None = None) -> int:
+        """Admit one trajectory to the learner stream; returns its sequence number."""
+        return self.admit_many(run_id, [dict(trajectory_id=trajectory_id, group_id=group_id,
+                                             reason=reason, lag=lag, loss_masked=loss_masked,
+                                             details=details)],
+                               learner_version=learner_version)[0]
+
+    def admit_many(self, run_id: str, items: Sequence[dict[str, Any]], *,
+                   learner_version: int) -> list[int]:
+        """Admit several trajectories atomically (e.g. a whole group); returns their seqs."""
+        if not items:
+            return []
+        runs = s.Run.__table__
+        with self.engine.begin() as c:
+            head = c.execute(update(runs).where(runs.c.id == run_id)
+                             .values(stream_head=runs.c.stream_head + len(items))
+                             .returning(runs.c.stream_head)).scalar_one()
+            first = head - len(items) + 1
+            stamp = now()
+            c.execute(insert(s.AdmissionDecision.__table__), [dict(
+                run_id=run_id, trajectory_id=it["trajectory_id"], group_id=it.get("group_id"),
+                decision="mask" if it.get("loss_masked") else "admit", reason=it["reason"],
+                learner_version=learner_version, lag=it.get("lag"), details=it.get("details"),
+                created_at=stamp) for it in items])
+            c.execute(insert(s.StreamEntry.__table__), [dict(
+                run_id=run_id, seq=first + i, trajectory_id=it["trajectory_id"],
+                group_id=it.get("group_id"), loss_masked=bool(it.get("loss_masked")),
+                admitted_at=stamp) for i, it in enumerate(items)])
+        return list(range(first, head + 1))
+
+    def stream_after(self, run_id: str, after_seq: int, limit: int = 1000) -> list[Any]:
+        table = s.StreamEntry.__table__
+        with self.engine.connect() as c:
+            return list(c.execute(select(table).where(
+                (table.c.run_id == run_id) & (table.c.seq > after_seq))
+                .order_by(table.c.seq).limit(limit)))
+
+    def stream_head(self, run_id: str) -> int:
+        row = self.run(run_id)
+        return 0 if row is None else row.stream_head
+
+    # ---------------------------------------------------------------- learner side
+    def publish_version(self, run_id: str, version: int, path: str, *,
+                        learner_step: int | None = None, last_seq: int | None = None) -> None:
+        """Mark a checkpoint as published; call only after it is completely on disk."""
+        with self.engine.begin() as c:
+            c.execute(insert(s.PolicyVersion.__table__).values(
+                run_id=run_id, version=version, path=path, learner_step=learner_step,
+                last_seq=last_seq, created_at=now()))
+
+    def latest_version(self, run_id: str) -> Any | None:
+        table = s.PolicyVersion.__table__
+        with self.engine.connect() as c:
+            return c.execute(select(table).where(table.c.run_id == run_id)
+                             .order_by(table.c.version.desc()).limit(1)).first()
+
+    def record_learner_step(self, run_id: str, **values: Any) -> None:
+        with self.engine.begin() as c:
+            c.execute(insert(s.LearnerStep.__table__).values(run_id=run_id, **values))
+
+    def learner_steps(self, run_id: str) -> list[Any]:
+        table = s.LearnerStep.__table__
+        with self.engine.connect() as c:
+            return list(c.execute(select(table).where(table.c.run_id == run_id)
+                                  .order_by(table.c.step)))
+
+    def count(self, model: type[s.Base], **where: Any) -> int:
+        table = model.__table__
+        clause = [table.c[k] == v for k, v in where.items()]
+        with self.engine.connect() as c:
+            return c.execute(select(func.count()).select_from(table).where(*clause)).scalar_one()

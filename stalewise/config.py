@@ -102,9 +102,9 @@ class AdmissionConfig(Section):
 class PipelineConfig(Section):
     mode: Literal["sync", "async", "inflight"] = "async"
     kv: Literal["retain", "recompute"] = "recompute"
-    refresh_every: int = Field(1, ge=1, description="learner steps between weight publishes")
-    steps: int = Field(20, ge=1, description="learner steps of the RL phase")
-    batch_size: int = Field(32, ge=1, description="trajectories per learner step")
+    steps: int = Field(20, ge=1, description="learner steps of the RL phase (the batch size "
+                       "and the weight refresh period are learner.batch_size and "
+                       "learner.publish_every)")
     max_queue: int = Field(128, ge=1, description="admitted but unconsumed trajectories at most")
 
 
@@ -122,12 +122,12 @@ class JobConfig(Section):
     @model_validator(mode="after")
     def _consistent(self) -> "JobConfig":
         if self.rollout.group_size < self.admission.min_group_size \
-                and self.learner.advantage in ("grpo", "dr_grpo", "rloo"):
+                and self.learner.advantage.estimator != "gae":
             raise ValueError(
                 f"rollout.group_size = {self.rollout.group_size} is below "
                 f"admission.min_group_size = {self.admission.min_group_size}: group baselines "
                 f"need at least that many samples; raise rollout.group_size or use "
-                f"learner.advantage = 'gae'")
+                f"learner.advantage.estimator = 'gae'")
         return self
 
 

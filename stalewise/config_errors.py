@@ -58,7 +58,9 @@ def describe(error: dict[str, Any], model: type[BaseModel]) -> str:
         return f"{path}: got {got!r}; allowed values: {expected}"
     if kind == "missing":
         return f"{path}: required field is missing; add it to the file"
-    message = error["msg"]
+    message = error["msg"].removeprefix("Value error, ")
+    if path == "(top level)":
+        return message
     if got is not None and not isinstance(got, dict):
         return f"{path}: {message} (got {got!r})"
     return f"{path}: {message}"

@@ -1,0 +1,3 @@
+from stalewise.cli import main
+
+main()

@@ -1,0 +1,113 @@
+"""Every store/config CLI command runs end to end on a tiny real database."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from typer.testing import CliRunner
+
+from stalewise.cli import app
+from stalewise.records import SampledTokens
+from stalewise.store.store import Store, model_call_row
+from stalewise.tiny_tokenizer import save_tiny_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def _invoke(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def _synthetic_run(url: str, model_dir: Path) -> int:
+    tokenizer = save_tiny_tokenizer(model_dir)
+    store = Store.open(url, create=True)
+    store.create_run("r1", name="demo", config={"model": {"path": str(model_dir)}},
+                     pipeline_mode="inflight")
+    task = store.task_instance_id("r1", family="arith", key="a1", content_hash="h",
+                                  difficulty="easy")
+    trajectory = store.create_trajectory("r1", group_id=None, task_instance_id=task)
+    ids = tokenizer.encode("<answer>42</answer>", add_special_tokens=False)
+    n = len(ids)
+    tokens = SampledTokens(ids, np.full(n, -0.25), [3] * n, [2] * (n - 1) + [3],
+                           np.arange(n) * 0.01)
+    store.insert_model_calls([model_call_row(
+        trajectory_id=trajectory, turn=0, segment=0, context_len=0,
+        prompt_token_ids=tokenizer.encode("What is 6*7?", add_special_tokens=False),
+        tokens=tokens, sampling={}, engine_id="e", finish_reason="stop",
+        cached_prompt_tokens=0, started_at=1.0, finished_at=2.0)])
+    store.update_trajectory(trajectory, status="completed", stop_reason="answered", reward=1.0,
+                            min_version=3, max_version=3, num_turns=1)
+    store.admit("r1", trajectory, reason="fresh", learner_version=4, lag=1)
+    store.close()
+    return trajectory
+
+
+def test_db_upgrade_and_check(tmp_path):
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    result = runner.invoke(app, ["db", "check", "--url", url])
+    assert result.exit_code == 1
+    assert f"stalewise db upgrade --url {url}" in result.output
+    assert _invoke("db", "upgrade", "--url", url).exit_code == 0
+    assert "schema at head" in _invoke("db", "check", "--url", url).output
+
+
+def test_audit_commands(tmp_path):
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    trajectory = _synthetic_run(url, tmp_path / "model")
+    runs = json.loads(_invoke("audit", "runs", "--url", url, "--json").output)
+    assert runs[0]["id"] == "r1" and runs[0]["admitted"] == 1
+
+    listed = json.loads(_invoke("audit", "trajectories", "--run", "r1", "--url", url,
+                                "--min-lag", "1", "--json").output)
+    assert [t["id"] for t in listed] == [trajectory]
+    assert json.loads(_invoke("audit", "trajectories", "--run", "r1", "--url", url,
+                              "--min-lag", "2", "--json").output) == []
+    assert json.loads(_invoke("audit", "trajectories", "--run", "r1", "--url", url,
+                              "--reward-below", "0.5", "--json").output) == []
+
+    detail = json.loads(_invoke("audit", "show", str(trajectory), "--url", url, "--json").output)
+    tokens = detail["turns"][0]["tokens"]
+    assert "".join(t["text"] for t in tokens) == "<answer>42</answer>"
+    assert [t["kv_version"] for t in tokens][-2:] == [2, 3]
+    assert tokens[0]["position"] == len("What is 6*7?")
+
+    table = _invoke("audit", "show", str(trajectory), "--url", url).output
+    assert "sampler logprob" in table and "-0.2500" in table and "'<answer>'" in table
+
+
+def test_audit_show_unknown_trajectory(tmp_path):
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    Store.open(url, create=True).close()
+    result = runner.invoke(app, ["audit", "show", "99", "--url", url])
+    assert result.exit_code == 1 and "no trajectory 99" in result.output
+
+
+def test_run_dry_run_prints_resolved_config(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('[pipeline]\nmode = "sync"\n[learner.loss]\nsurrogate = "cispo"\n')
+    result = _invoke("run", "--dry-run", str(job))
+    assert result.exit_code == 0
+    resolved = json.loads(result.stdout)
+    assert resolved["pipeline"]["mode"] == "sync"
+    assert resolved["learner"]["loss"]["surrogate"] == "cispo"
+    assert resolved["admission"]["max_lag"] == 2  # defaults are filled in
+
+
+def test_bad_config_prints_one_line_per_problem(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('[pipeline]\nmode = "fast"\n[rollout]\ntemprature = 0.7\n')
+    proc = subprocess.run([sys.executable, "-m", "stalewise", "run", "--dry-run", str(job)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert sorted(lines) == [
+        f"error: {job}: pipeline.mode: got 'fast'; allowed values: 'sync', 'async' or 'inflight'",
+        f"error: {job}: rollout.temprature: unknown field; did you mean 'temperature'? allowed "
+        "fields: group_size, logprobs_topk, max_concurrent, max_malformed, max_tokens_per_turn, "
+        "max_turns, temperature, top_k, top_p, wall_time_s",
+    ]

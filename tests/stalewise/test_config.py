@@ -1,0 +1,72 @@
+"""The job config: every shipped file parses; bad values get one clear line each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stalewise.config import JobConfig, load_config, parse_config
+from stalewise.config_errors import ConfigError
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+JOB_CONFIGS = sorted(p for p in CONFIGS.glob("*.toml") if p.name != "lab.toml")
+
+
+def test_there_are_shipped_job_configs():
+    assert JOB_CONFIGS, f"no job configs found in {CONFIGS}"
+
+
+@pytest.mark.parametrize("path", JOB_CONFIGS, ids=lambda p: p.name)
+def test_shipped_job_config_parses(path):
+    assert isinstance(load_config(path), JobConfig)
+
+
+def test_shipped_lab_config_parses():
+    from lab.config import load_lab_config
+
+    load_lab_config(CONFIGS / "lab.toml")
+
+
+def test_defaults_are_valid():
+    config = parse_config({})
+    assert config.pipeline.mode == "async"
+    assert config.sandbox.limits.network is False
+
+
+def _problems(data: dict) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "job.toml")
+    return info.value.problems
+
+
+def test_bad_choice_names_field_value_and_allowed_values():
+    (problem,) = _problems({"pipeline": {"mode": "fast"}})
+    assert problem == "pipeline.mode: got 'fast'; allowed values: 'sync', 'async' or 'inflight'"
+
+
+def test_unknown_key_suggests_the_closest_field():
+    (problem,) = _problems({"admission": {"max_lagg": 3}})
+    assert problem.startswith("admission.max_lagg: unknown field; did you mean 'max_lag'?")
+
+
+def test_every_problem_is_reported_on_its_own():
+    problems = _problems({"pipeline": {"mode": "x"}, "learner": {"loss": {"surrogate": "y"}},
+                          "sandbox": {"limits": {"memory_mb": 1}}})
+    assert len(problems) == 3
+    assert any(p.startswith("learner.loss.surrogate: got 'y'") for p in problems)
+    assert any(p.startswith("sandbox.limits.memory_mb:") and "16" in p for p in problems)
+
+
+def test_cross_field_rule_says_how_to_fix():
+    (problem,) = _problems({"rollout": {"group_size": 1}})
+    assert "raise rollout.group_size" in problem
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run\nname = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)

@@ -1,0 +1,121 @@
+"""The bias ledger: what was generated versus what reached the learner, and how it differs.
+
+Admission rules (dropping stale or slow work, dynamic sampling) change the data the model learns
+from. The ledger makes that selection visible: per task family and difficulty bucket, and per
+duration quartile, it counts generated and admitted trajectories, exclusions by reason, and
+compares mean reward and duration of admitted versus excluded work. The run-level skew figures
+are total-variation distances between the generated and admitted distributions over difficulty
+buckets and over duration quartiles (0 = no selection effect, 1 = disjoint), plus the shift in
+mean reward and the share of generation compute spent on excluded work.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from statistics import fmean
+from typing import Iterable, Sequence
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One finished trajectory and what admission made of it."""
+
+    family: str
+    difficulty: str
+    duration_s: float
+    reward: float | None
+    sampled_tokens: int
+    admitted: bool  # reached the learner's loss (masked members are not admitted)
+    reason: str  # the final decision's reason, or "undecided"
+
+
+@dataclass
+class LedgerRow:
+    family: str
+    difficulty: str
+    duration_quantile: int | None
+    generated: int = 0
+    admitted: int = 0
+    excluded_by_reason: dict[str, int] = field(default_factory=dict)
+    mean_reward_admitted: float | None = None
+    mean_reward_excluded: float | None = None
+    mean_duration_admitted: float | None = None
+    mean_duration_excluded: float | None = None
+
+
+@dataclass(frozen=True)
+class Skew:
+    difficulty_tv: float
+    duration_tv: float
+    reward_shift: float | None  # mean reward admitted - mean reward generated
+    generated: int
+    admitted: int
+    excluded_token_share: float  # sampled tokens of excluded work / all sampled tokens
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return fmean(values) if values else None
+
+
+def total_variation(p: Counter, q: Counter) -> float:
+    """TV distance between two empirical distributions given as counts (0 if either is empty)."""
+    np_, nq = sum(p.values()), sum(q.values())
+    if not np_ or not nq:
+        return 0.0
+    return 0.5 * sum(abs(p[k] / np_ - q[k] / nq) for k in set(p) | set(q))
+
+
+def duration_quartiles(durations: Sequence[float]) -> list[float]:
+    """The three cut points splitting durations into four equally populated bins."""
+    ordered = sorted(durations)
+    if not ordered:
+        return []
+    return [ordered[min(len(ordered) - 1, int(len(ordered) * q))] for q in (0.25, 0.5, 0.75)]
+
+
+def quartile_of(duration: float, cuts: Sequence[float]) -> int:
+    return sum(duration > c for c in cuts)
+
+
+def _row(family: str, difficulty: str, quantile: int | None,
+         items: Sequence[Generated]) -> LedgerRow:
+    admitted = [g for g in items if g.admitted]
+    excluded = [g for g in items if not g.admitted]
+    return LedgerRow(
+        family=family, difficulty=difficulty, duration_quantile=quantile,
+        generated=len(items), admitted=len(admitted),
+        excluded_by_reason=dict(Counter(g.reason for g in excluded)),
+        mean_reward_admitted=_mean(g.reward for g in admitted),
+        mean_reward_excluded=_mean(g.reward for g in excluded),
+        mean_duration_admitted=_mean(g.duration_s for g in admitted),
+        mean_duration_excluded=_mean(g.duration_s for g in excluded))
+
+
+def build_ledger(items: Sequence[Generated]) -> tuple[list[LedgerRow], Skew]:
+    by_bucket: dict[tuple[str, str], list[Generated]] = defaultdict(list)
+    for g in items:
+        by_bucket[(g.family, g.difficulty)].append(g)
+    rows = [_row(f, d, None, group) for (f, d), group in sorted(by_bucket.items())]
+
+    cuts = duration_quartiles([g.duration_s for g in items])
+    by_quartile: dict[tuple[str, int], list[Generated]] = defaultdict(list)
+    for g in items:
+        by_quartile[(g.family, quartile_of(g.duration_s, cuts))].append(g)
+    rows += [_row(f, "*", q, group) for (f, q), group in sorted(by_quartile.items())]
+
+    admitted = [g for g in items if g.admitted]
+    total_tokens = sum(g.sampled_tokens for g in items)
+    mean_generated, mean_admitted = _mean(g.reward for g in items), _mean(g.reward for g in admitted)
+    skew = Skew(
+        difficulty_tv=total_variation(Counter((g.family, g.difficulty) for g in items),
+                                      Counter((g.family, g.difficulty) for g in admitted)),
+        duration_tv=total_variation(Counter(quartile_of(g.duration_s, cuts) for g in items),
+                                    Counter(quartile_of(g.duration_s, cuts) for g in admitted)),
+        reward_shift=None if mean_generated is None or mean_admitted is None
+        else mean_admitted - mean_generated,
+        generated=len(items), admitted=len(admitted),
+        excluded_token_share=(sum(g.sampled_tokens for g in items if not g.admitted) / total_tokens
+                              if total_tokens else 0.0))
+    return rows, skew

@@ -1,0 +1,50 @@
+"""The bias ledger counts selection exactly and its skew figures respond to selection."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.ledger import Generated, build_ledger, total_variation
+from collections import Counter
+
+
+def g(difficulty, duration, reward, admitted, reason="fresh", tokens=10, family="arith"):
+    return Generated(family, difficulty, duration, reward, tokens, admitted,
+                     reason if admitted else reason)
+
+
+def test_no_selection_means_no_skew():
+    items = [g("easy", 1.0, 1.0, True), g("hard", 10.0, 0.0, True)]
+    rows, skew = build_ledger(items)
+    assert skew.difficulty_tv == 0.0 and skew.duration_tv == 0.0 and skew.reward_shift == 0.0
+    assert skew.excluded_token_share == 0.0
+    easy = next(r for r in rows if r.difficulty == "easy")
+    assert (easy.generated, easy.admitted, easy.excluded_by_reason) == (1, 1, {})
+
+
+def test_dropping_slow_hard_work_is_measured():
+    """Duration correlates with difficulty; a timeout drop removes the hard tail."""
+    items = ([g("easy", 1.0 + i * 0.01, 1.0, True) for i in range(6)]
+             + [g("hard", 50.0 + i, 0.0, False, "timeout_drop", tokens=30) for i in range(3)]
+             + [g("hard", 20.0, 1.0, True)])
+    rows, skew = build_ledger(items)
+    # generated: easy 6/10, hard 4/10; admitted: easy 6/7, hard 1/7
+    assert skew.difficulty_tv == pytest.approx(abs(6 / 10 - 6 / 7))
+    assert skew.duration_tv > 0
+    assert skew.reward_shift == pytest.approx(1.0 - 0.7)
+    assert skew.excluded_token_share == pytest.approx(90 / (60 + 90 + 10))
+    hard = next(r for r in rows if r.difficulty == "hard")
+    assert hard.generated == 4 and hard.admitted == 1
+    assert hard.excluded_by_reason == {"timeout_drop": 3}
+    assert hard.mean_reward_admitted == 1.0 and hard.mean_reward_excluded == 0.0
+    assert hard.mean_duration_excluded == pytest.approx(51.0)
+    quartile_rows = [r for r in rows if r.duration_quantile is not None]
+    assert sum(r.generated for r in quartile_rows) == len(items)
+    top = max(quartile_rows, key=lambda r: r.duration_quantile)
+    assert top.admitted < top.generated
+
+
+def test_total_variation():
+    assert total_variation(Counter(a=1, b=1), Counter(a=1)) == pytest.approx(0.5)
+    assert total_variation(Counter(a=3), Counter(b=2)) == 1.0
+    assert total_variation(Counter(), Counter(a=1)) == 0.0

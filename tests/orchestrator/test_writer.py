@@ -1,0 +1,83 @@
+"""The store writer batches rows, flushes on demand, and loses nothing on shutdown."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import numpy as np
+
+from orchestrator.writer import StoreWriter
+from stalewise.records import SampledTokens
+from stalewise.store.store import Store, model_call_row
+
+
+def _row(trajectory_id: int, turn: int) -> dict:
+    tokens = SampledTokens([turn], [-0.5], [0], [0], [0.0])
+    return model_call_row(trajectory_id=trajectory_id, turn=turn, segment=0, context_len=0,
+                          prompt_token_ids=[1], tokens=tokens, sampling={}, engine_id="e",
+                          finish_reason="stop", cached_prompt_tokens=0, started_at=time.time(),
+                          finished_at=time.time())
+
+
+def _store(url: str) -> tuple[Store, int]:
+    store = Store.open(url, create=True)
+    store.create_run("r", name="r", config={}, pipeline_mode="async")
+    return store, store.create_trajectory("r", group_id=None, task_instance_id=None)
+
+
+def test_flush_makes_rows_durable(sqlite_url):
+    store, tid = _store(sqlite_url)
+
+    async def main():
+        writer = StoreWriter(store, max_delay_s=10.0)  # only flush() can write in time
+        async with anyio.create_task_group() as tg:
+            await tg.start(writer.run)
+            for turn in range(5):
+                await writer.put_model_call(_row(tid, turn))
+            await writer.put_trajectory_update(tid, {"status": "completed", "num_turns": 5})
+            await writer.flush()
+            assert [c.turn for c in store.model_calls(tid)] == [0, 1, 2, 3, 4]
+            assert store.trajectory(tid).status == "completed"
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    store.close()
+
+
+def test_pending_rows_are_written_on_cancel(sqlite_url):
+    store, tid = _store(sqlite_url)
+
+    async def main():
+        writer = StoreWriter(store, max_delay_s=10.0)
+        async with anyio.create_task_group() as tg:
+            await tg.start(writer.run)
+            for turn in range(300):
+                await writer.put_model_call(_row(tid, turn))
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert len(store.model_calls(tid)) == 300
+    store.close()
+
+
+def test_backpressure_bounds_pending_rows(sqlite_url):
+    store, tid = _store(sqlite_url)
+    peak = 0
+
+    async def main():
+        nonlocal peak
+        writer = StoreWriter(store, max_delay_s=0.001, max_pending=8)
+        async with anyio.create_task_group() as tg:
+            await tg.start(writer.run)
+            for turn in range(100):
+                await writer.put_model_call(_row(tid, turn))
+                peak = max(peak, writer.pending)
+            await writer.flush()
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert peak <= 8
+    assert len(store.model_calls(tid)) == 100
+    assert np.array_equal(store.model_calls(tid)[99].tokens.token_ids, [99])
+    store.close()

@@ -1,0 +1,534 @@
+"""The agent loop: one trajectory of prompt → generate → parse → tools → append, token in/out.
+
+Contract (locked by tests/orchestrator/test_rollout_semantics.py):
+
+- Tokens: the engine's sampled ids are appended exactly (loss mask 1) and never re-encoded; tool
+  results and turn scaffolding come from the chat format (mask 0); each call's prompt extends the
+  previous call's prompt + sampled ids exactly, or a new training segment starts.
+- Stops: a turn without tool calls is the answer (`answered`, then verified). Limits truncate:
+  `max_turns`, `max_tokens` (trajectory budget), `turn_tokens` (one call's max_tokens),
+  `context_length`, `wall_time`, `working_time`. Errors: `malformed_tool_calls` (more than
+  allowed), `tool_exception` (a tool bug, traceback kept), `sandbox_error`, `engine_error`,
+  `engine_abort`.
+- Malformed tool calls (bad markup or JSON, unknown tool, arguments failing the schema, too many
+  calls in one turn) go back to the model as an error observation and are counted; one more
+  than allowed fails the trajectory with reward 0 (the policy's own failure, not verified).
+- Rewards: only `answered` trajectories are verified (truncated ones too if the task sets
+  `verify_truncated`); truncated, infra-failed and bug-failed trajectories have reward None, so
+  admission decides how to treat them.
+- `ToolError` is an observation; a tool's own timeout is an observation (`timed_out`);
+  `SandboxError` (or an exec whose container died) is retried for idempotent tools, then is an
+  infrastructure error.
+- Records: every finished model call and tool call is reported to the recorder when it happens;
+  the outcome is returned once, with timings, counts, versions and training segments.
+- Timeouts are explicit `anyio.fail_after` scopes: wall time around the turns, working time
+  around every engine and tool call, the tool's timeout, the engine timeout, the verifier's.
+- Sandboxes: the acquirer lends a started sandbox of the task's image and limits (a pool per
+  image); the loop writes the task's files into it, and the hidden files after the last turn,
+  right before the verifier runs.
+- Cancellation by the caller propagates; sessions and the sandbox are released under a shield.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import traceback
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    AsyncExitStack,
+    asynccontextmanager,
+    contextmanager,
+)
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import numpy as np
+
+from orchestrator.rollout_types import (
+    STATUS_OF,
+    ModelCallRecord,
+    RolloutRecorder,
+    StopReason,
+    ToolCallRecord,
+    TrajectoryOutcome,
+    TrajectoryStatus,
+    build_segment,
+)
+from sandboxes.api import Sandbox, SandboxError, SandboxSpec
+from stalewise.engine_api import (
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    InferenceEngine,
+    SamplingParams,
+)
+from stalewise.records import INT32, SampledTokens
+from tasks.api import TaskInstance
+from tasks.chat.base import ChatFormat, ParsedCall, ParsedTurn
+from tasks.chat.conversation import Conversation
+from tasks.chat.parsing import extract_answer
+from tasks.messages import ChatMessage
+from tasks.tools import Tool, ToolArgumentError, ToolContext, ToolError, ToolResult
+from tasks.verify import Reward, VerifyContext
+
+SandboxAcquirer = Callable[[SandboxSpec], AbstractAsyncContextManager[Sandbox]]
+Gate = Callable[[], AbstractAsyncContextManager[Any]]
+_Checked = tuple[Tool, dict[str, Any]] | str
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    """Loop-level timeouts, configured in one place (task-level limits live in TaskLimits)."""
+
+    engine_timeout_s: float = 600.0  # one engine call
+    acquire_timeout_s: float = 600.0  # getting a sandbox
+    release_timeout_s: float = 30.0  # releasing sessions / the sandbox, shielded
+    tool_grace_s: float = 5.0  # backstop beyond a tool's timeout (exec enforces it first)
+
+
+class _Stop(Exception):
+    def __init__(self, reason: StopReason, error: str | None = None,
+                 error_type: str | None = None) -> None:
+        super().__init__(reason.value)
+        self.reason, self.error = reason, error
+        self.error_type = error_type or (reason.value if error is not None else None)
+
+
+def use_sandbox(sandbox: Sandbox) -> SandboxAcquirer:
+    """An acquirer that lends an already started sandbox and leaves it open."""
+    @asynccontextmanager
+    async def acquire(spec: SandboxSpec) -> AsyncIterator[Sandbox]:
+        yield sandbox
+    return acquire
+
+
+def start_sandbox(factory: Callable[[SandboxSpec], Sandbox]) -> SandboxAcquirer:
+    """An acquirer that builds a fresh sandbox for the task's image and limits, starts it and
+    closes it after (the loop itself writes the task's files)."""
+    @asynccontextmanager
+    async def acquire(spec: SandboxSpec) -> AsyncIterator[Sandbox]:
+        sandbox = factory(spec.model_copy(update={"files": {}}))
+        try:
+            await sandbox.start()
+            yield sandbox
+        finally:
+            with anyio.CancelScope(shield=True):
+                await sandbox.close()
+    return acquire
+
+
+async def run_trajectory(*, task: TaskInstance, engine: InferenceEngine,
+                         acquire_sandbox: SandboxAcquirer, chat_format: ChatFormat,
+                         params: SamplingParams, recorder: RolloutRecorder,
+                         trajectory_id: str | None = None, gate: Gate | None = None,
+                         options: RolloutOptions = RolloutOptions()) -> TrajectoryOutcome:
+    """Run one trajectory of `task` to its end and return the outcome (see module docstring)."""
+    rollout = _Rollout(task, engine, chat_format, params, recorder,
+                       trajectory_id or uuid.uuid4().hex, gate, options)
+    return await rollout.run(acquire_sandbox)
+
+
+@contextmanager
+def _limit(seconds: float | None, on_timeout: Callable[[], Exception]) -> Iterator[None]:
+    """A `fail_after` scope whose own expiry raises `on_timeout()` (outer expiries pass through)."""
+    if seconds is None:
+        yield
+        return
+    scope: anyio.CancelScope | None = None
+    try:
+        with anyio.fail_after(max(seconds, 0.0)) as scope:
+            yield
+    except TimeoutError:
+        if scope is not None and scope.cancelled_caught:
+            raise on_timeout() from None
+        raise
+
+
+def cap_text(text: str, max_chars: int) -> tuple[str, bool]:
+    """Head and tail of `text` within `max_chars`, and whether anything was cut."""
+    if len(text) <= max_chars:
+        return text, False
+    keep = max_chars - 40
+    head, tail = text[: keep // 2], text[len(text) - (keep - keep // 2):]
+    return f"{head}\n[... {len(text) - keep} chars cut ...]\n{tail}", True
+
+
+class _Rollout:
+    def __init__(self, task: TaskInstance, engine: InferenceEngine, chat_format: ChatFormat,
+                 params: SamplingParams, recorder: RolloutRecorder, trajectory_id: str,
+                 gate: Gate | None, options: RolloutOptions) -> None:
+        self.task, self.engine, self.format = task, engine, chat_format
+        self.limits = task.limits
+        self.params, self.recorder, self.id = params, recorder, trajectory_id
+        self.gate, self.options = gate, options
+        self.conversation: Conversation | None = None
+        self.sampled: list[list[SampledTokens]] = []  # per segment, per model call
+        self.sessions: set[str] = set()
+        self.tool_state: dict[str, Any] = {}
+        self.turns = self.sampled_tokens = self.tool_calls = self.malformed = 0
+        self.engine_s = self.tools_s = self.waiting_s = self.verify_s = 0.0
+        self.started_at = time.time()
+
+    # -- the trajectory -------------------------------------------------------------------
+
+    async def run(self, acquire_sandbox: SandboxAcquirer) -> TrajectoryOutcome:
+        reward: Reward | None = None
+        error: _Stop | None = None
+        stop: _Stop | None = None
+        try:
+            async with AsyncExitStack() as stack:
+                t0 = anyio.current_time()
+                with _limit(self.options.acquire_timeout_s, lambda: _Stop(
+                        StopReason.SANDBOX_ERROR, "timed out acquiring a sandbox",
+                        "acquire_timeout")):
+                    sandbox = await stack.enter_async_context(acquire_sandbox(self.task.sandbox))
+                    await self._put_files(sandbox, self.task.sandbox.files)
+                self.waiting_s += anyio.current_time() - t0
+                stop = await self._agent(sandbox)
+                await self._release_sessions()
+                reward, error = await self._maybe_verify(sandbox, stop)
+        except _Stop as stopped:
+            stop = stopped
+        except SandboxError as err:
+            # Releasing a sandbox after the agent finished is the acquirer's business (the pool
+            # records it); only a failure before that decides the trajectory.
+            if stop is None:
+                stop = _Stop(StopReason.SANDBOX_ERROR, f"{type(err).__name__}: {err}",
+                             "sandbox_error")
+        finally:
+            await self._release_sessions()
+        assert stop is not None
+        return self._outcome(stop, reward, error)
+
+    async def _agent(self, sandbox: Sandbox) -> _Stop:
+        """The turns, under the wall-time limit; every way out is a `_Stop`."""
+        try:
+            with _limit(self.limits.wall_time_s, lambda: _Stop(StopReason.WALL_TIME)):
+                self.conversation = Conversation(self.format, self.task.prompt, self.task.tools)
+                self.sampled.append([])
+                return _Stop(await self._turns(sandbox))
+        except _Stop as stopped:
+            return stopped
+        except EngineError as err:
+            return _Stop(StopReason.ENGINE_ERROR, f"{type(err).__name__}: {err}", "engine_error")
+        except SandboxError as err:
+            return _Stop(StopReason.SANDBOX_ERROR, f"{type(err).__name__}: {err}",
+                         "sandbox_error")
+
+    async def _turns(self, sandbox: Sandbox) -> StopReason:
+        conversation = self.conversation
+        assert conversation is not None
+        for turn in range(self.limits.max_turns):
+            room = self.limits.context_length - len(conversation.token_ids)
+            budget = self.limits.max_generated_tokens - self.sampled_tokens
+            if room <= 0:
+                return StopReason.CONTEXT_LENGTH
+            if budget <= 0:
+                return StopReason.MAX_TOKENS
+            max_tokens = min(self.params.max_tokens, budget, room)
+            parsed, checked = await self._model_call(turn, max_tokens)
+            if not parsed.ended:
+                return self._length_reason(len(self.sampled[-1][-1]), budget, room)
+            if not parsed.calls:
+                return StopReason.ANSWERED
+            if turn == self.limits.max_turns - 1:
+                return StopReason.MAX_TURNS
+            observations = await self._tools(sandbox, turn, parsed, checked)
+            if not conversation.add_messages(observations):
+                self.sampled.append([])
+        return StopReason.MAX_TURNS
+
+    def _length_reason(self, sampled: int, budget: int, room: int) -> StopReason:
+        if sampled >= budget:
+            return StopReason.MAX_TOKENS
+        if sampled >= room:
+            return StopReason.CONTEXT_LENGTH
+        return StopReason.TURN_TOKENS
+
+    # -- model calls ----------------------------------------------------------------------
+
+    async def _model_call(self, turn: int, max_tokens: int) -> tuple[ParsedTurn, list[_Checked]]:
+        conversation = self.conversation
+        assert conversation is not None
+        delta = conversation.take_prompt()
+        stops = tuple(dict.fromkeys((*self.format.stop_token_ids, *self.params.stop_token_ids)))
+        params = self.params.model_copy(update={"max_tokens": max_tokens,
+                                                "stop_token_ids": stops})
+        session = f"{self.id}/{delta.segment}"
+        self.sessions.add(session)
+        request = GenerateRequest(list(conversation.token_ids), params, session_id=session)
+        started_at = time.time()
+        result = await self._generate(request)
+        finished_at = time.time()
+        self._check_result(result, max_tokens)
+        parsed = conversation.add_sampled(result.tokens.token_ids.tolist())
+        if result.finish_reason == "stop" and not parsed.ended:
+            parsed = dataclasses.replace(parsed, ended=True)  # a caller-given stop id ended it
+        self.sampled[-1].append(result.tokens)
+        self.turns += 1
+        self.sampled_tokens += len(result.tokens)
+        limit = self.limits.max_tool_calls_per_turn
+        checked = [self._check_call(call, i >= limit) for i, call in enumerate(parsed.calls)]
+        await self.recorder.model_call(ModelCallRecord(
+            trajectory_id=self.id, turn=turn, segment=delta.segment,
+            context_len=delta.context_len,
+            prompt_token_ids=np.asarray(delta.token_ids, dtype=INT32), tokens=result.tokens,
+            params=params, engine_id=result.engine_id, finish_reason=result.finish_reason,
+            prompt_tokens=result.prompt_tokens, cached_prompt_tokens=result.cached_prompt_tokens,
+            started_at=started_at, finished_at=finished_at, tool_calls=len(parsed.calls),
+            malformed_calls=sum(isinstance(c, str) for c in checked)))
+        if result.finish_reason == "abort":
+            raise _Stop(StopReason.ENGINE_ABORT, "the engine aborted the request", "engine_abort")
+        return parsed, checked
+
+    async def _generate(self, request: GenerateRequest) -> GenerateResult:
+        async with AsyncExitStack() as stack:
+            if self.gate is not None:
+                t0 = anyio.current_time()
+                await stack.enter_async_context(self.gate())
+                self.waiting_s += anyio.current_time() - t0
+            t0 = anyio.current_time()
+            try:
+                with self._working_limit(), _limit(self.options.engine_timeout_s, lambda: _Stop(
+                        StopReason.ENGINE_ERROR,
+                        f"engine call exceeded {self.options.engine_timeout_s:g}s",
+                        "engine_timeout")):
+                    return await self.engine.generate(request)
+            finally:
+                self.engine_s += anyio.current_time() - t0
+
+    def _check_result(self, result: GenerateResult, max_tokens: int) -> None:
+        problem = None
+        if not isinstance(result.tokens, SampledTokens):
+            problem = f"tokens is {type(result.tokens).__name__}, not SampledTokens"
+        elif len(result.tokens) == 0 and result.finish_reason != "abort":
+            problem = "no tokens sampled"
+        elif len(result.tokens) > max_tokens:
+            problem = f"{len(result.tokens)} tokens sampled, max_tokens was {max_tokens}"
+        if problem:
+            raise _Stop(StopReason.ENGINE_ERROR, f"invalid engine reply: {problem}",
+                        "engine_invalid_reply")
+
+    def _working_limit(self) -> AbstractContextManager[None]:
+        if self.limits.working_time_s is None:
+            return _limit(None, lambda: _Stop(StopReason.WORKING_TIME))
+        left = self.limits.working_time_s - self.engine_s - self.tools_s
+        return _limit(left, lambda: _Stop(StopReason.WORKING_TIME))
+
+    # -- tool calls -----------------------------------------------------------------------
+
+    async def _tools(self, sandbox: Sandbox, turn: int, parsed: ParsedTurn,
+                     checked: list[_Checked]) -> list[ChatMessage]:
+        """Run the turn's calls in order; consecutive read-only calls run concurrently."""
+        results: list[ChatMessage | None] = [None] * len(checked)
+        batch: list[tuple[int, Tool, dict[str, Any]]] = []
+        for index, (call, check) in enumerate(zip(parsed.calls, checked)):
+            if isinstance(check, str):
+                await self._run_batch(sandbox, turn, batch, results)
+                batch = []
+                results[index] = await self._malformed(turn, index, call, check)
+                continue
+            tool, arguments = check
+            if batch and not (tool.read_only and batch[-1][1].read_only):
+                await self._run_batch(sandbox, turn, batch, results)
+                batch = []
+            batch.append((index, tool, arguments))
+        await self._run_batch(sandbox, turn, batch, results)
+        return [message for message in results if message is not None]
+
+    def _check_call(self, call: ParsedCall, over_limit: bool) -> _Checked:
+        """(tool, validated arguments), or the reason the call is malformed."""
+        if over_limit:
+            return f"too many tool calls in one turn (at most {self.limits.max_tool_calls_per_turn})"
+        if call.error is not None:
+            return call.error
+        tool = self.task.tool(call.name or "")
+        assert tool is not None, "the parser only accepts available tools"
+        try:
+            return tool, tool.validate(call.arguments)
+        except ToolArgumentError as err:
+            return str(err)
+
+    async def _malformed(self, turn: int, index: int, call: ParsedCall,
+                         problem: str) -> ChatMessage:
+        self.malformed += 1
+        self.tool_calls += 1
+        observation = f"Error: {problem}"
+        await self.recorder.tool_call(ToolCallRecord(
+            trajectory_id=self.id, turn=turn, index=index, tool_name=call.name,
+            arguments_json=call.raw if call.arguments is None else call.arguments_json(),
+            observation=observation, exit_code=None, error_type="malformed", timed_out=False,
+            truncated=False, original_bytes=None, started_at=time.time(), duration_s=0.0))
+        if self.malformed > self.limits.max_malformed_calls:
+            raise _Stop(StopReason.MALFORMED_TOOL_CALLS,
+                        f"{self.malformed} malformed tool calls (allowed "
+                        f"{self.limits.max_malformed_calls}); last: {problem}", "malformed")
+        return ChatMessage("tool", observation, name=call.name or "error")
+
+    async def _run_batch(self, sandbox: Sandbox, turn: int,
+                         batch: list[tuple[int, Tool, dict[str, Any]]],
+                         results: list[ChatMessage | None]) -> None:
+        if len(batch) == 1:
+            index, tool, arguments = batch[0]
+            results[index] = await self._tool_call(sandbox, turn, index, tool, arguments)
+            return
+
+        async def one(index: int, tool: Tool, arguments: dict[str, Any]) -> None:
+            results[index] = await self._tool_call(sandbox, turn, index, tool, arguments)
+
+        async with anyio.create_task_group() as group:
+            for index, tool, arguments in batch:
+                group.start_soon(one, index, tool, arguments)
+
+    async def _tool_call(self, sandbox: Sandbox, turn: int, index: int, tool: Tool,
+                         arguments: dict[str, Any]) -> ChatMessage:
+        timeout = tool.timeout_s or self.limits.tool_timeout_s
+        ctx = ToolContext(sandbox=sandbox, task=self.task, trajectory_id=self.id, turn=turn,
+                          timeout_s=timeout, state=self.tool_state)
+        started_at, t0 = time.time(), anyio.current_time()
+        attempts = 0
+        try:
+            while True:
+                attempts += 1
+                try:
+                    result = await self._invoke(tool, ctx, arguments, timeout)
+                    break
+                except SandboxError:
+                    if not tool.idempotent or attempts > tool.retries:
+                        raise
+        finally:
+            duration = anyio.current_time() - t0
+            self.tools_s += duration
+        self.tool_calls += 1
+        text, capped = cap_text(result.text, self.limits.max_observation_chars)
+        original = result.original_bytes if result.truncated else None
+        if capped:
+            original = max(original or 0, len(result.text.encode()))
+        await self.recorder.tool_call(ToolCallRecord(
+            trajectory_id=self.id, turn=turn, index=index, tool_name=tool.name,
+            arguments_json=json.dumps(arguments, separators=(",", ":"), sort_keys=True,
+                                      default=lambda value: getattr(value, "value", str(value))),
+            observation=text, exit_code=result.exit_code, error_type=result.error_type,
+            timed_out=result.timed_out, truncated=result.truncated or capped,
+            original_bytes=original, started_at=started_at, duration_s=duration,
+            attempts=attempts))
+        return ChatMessage("tool", text, name=tool.name)
+
+    async def _invoke(self, tool: Tool, ctx: ToolContext, arguments: dict[str, Any],
+                      timeout: float) -> ToolResult:
+        timed_out = ToolResult(text=f"[timed out after {timeout:g}s]", error_type="timeout",
+                               timed_out=True)
+        try:
+            with self._working_limit(), _limit(timeout + self.options.tool_grace_s,
+                                               lambda: _ToolTimeout()):
+                result = await tool.invoke(ctx, arguments)
+        except _ToolTimeout:
+            return timed_out
+        except ToolError as err:
+            return ToolResult(text=f"Error: {err}", error_type="tool_error")
+        except (SandboxError, _Stop):
+            raise
+        except Exception as err:
+            raise _Stop(StopReason.TOOL_EXCEPTION,
+                        f"tool {tool.name} raised {type(err).__name__}: {err}\n"
+                        + traceback.format_exc(), "tool_exception") from err
+        if result.error_type == "container_died":
+            raise SandboxError(f"the sandbox died during tool {tool.name}: {result.text}")
+        return result
+
+    # -- verification and the outcome -----------------------------------------------------
+
+    async def _maybe_verify(self, sandbox: Sandbox,
+                            stop: _Stop) -> tuple[Reward | None, _Stop | None]:
+        status = STATUS_OF[stop.reason]
+        wanted = status is TrajectoryStatus.COMPLETED or (
+            status is TrajectoryStatus.TRUNCATED and self.limits.verify_truncated)
+        if not wanted:
+            return None, None
+        t0 = anyio.current_time()
+        try:
+            with _limit(self.limits.verify_timeout_s, lambda: _VerifyTimeout()):
+                await self._put_files(sandbox, self.task.hidden_files)
+                return await self.task.verifier(self._verify_context(sandbox, stop)), None
+        except _VerifyTimeout:
+            return None, _Stop(stop.reason, f"verifier exceeded {self.limits.verify_timeout_s:g}s",
+                               "verifier_timeout")
+        except SandboxError as err:
+            return None, _Stop(stop.reason, f"{type(err).__name__}: {err}", "sandbox_error")
+        except Exception as err:
+            return None, _Stop(stop.reason, f"verifier raised {type(err).__name__}: {err}\n"
+                               + traceback.format_exc(), "verifier_exception")
+        finally:
+            self.verify_s += anyio.current_time() - t0
+
+    async def _put_files(self, sandbox: Sandbox, files: Mapping[str, str]) -> None:
+        workdir = self.task.sandbox.workdir.rstrip("/")
+        for path, text in files.items():
+            await sandbox.write_file(path if path.startswith("/") else f"{workdir}/{path}", text)
+
+    def _verify_context(self, sandbox: Sandbox, stop: _Stop) -> VerifyContext:
+        final = self._final_text()
+        return VerifyContext(
+            sandbox=sandbox, task=self.task, messages=self._messages(), final_text=final,
+            answer=extract_answer(final), stop_reason=stop.reason.value, turns=self.turns,
+            tool_calls=self.tool_calls)
+
+    def _messages(self) -> tuple[ChatMessage, ...]:
+        return tuple(self.conversation.messages) if self.conversation else tuple(self.task.prompt)
+
+    def _final_text(self) -> str:
+        messages = [m for m in self._messages() if m.role == "assistant"]
+        return messages[-1].content if messages else ""
+
+    async def _release_sessions(self) -> None:
+        sessions, self.sessions = self.sessions, set()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.options.release_timeout_s):
+            for session in sorted(sessions):
+                try:
+                    await self.engine.release_session(session)
+                except EngineError:
+                    pass  # the engine forgets sessions on its own; nothing to repair here
+
+    def _outcome(self, stop: _Stop, reward: Reward | None,
+                 verify_error: _Stop | None) -> TrajectoryOutcome:
+        status = STATUS_OF[stop.reason]
+        error_type, error = stop.error_type, stop.error
+        if stop.reason is StopReason.MALFORMED_TOOL_CALLS:
+            reward = Reward(0.0, {"malformed_tool_calls": 1.0})  # the policy's own failure
+        if verify_error is not None:
+            error_type, error = verify_error.error_type, verify_error.error
+            status = (TrajectoryStatus.INFRA_ERROR if error_type == "sandbox_error"
+                      else TrajectoryStatus.FAILED)
+        segments = []
+        if self.conversation is not None:
+            for index, (tokens, sampled) in enumerate(zip(self.conversation.segments,
+                                                          self.sampled)):
+                if sampled:
+                    segments.append(build_segment(index, tokens, sampled))
+        versions = [int(v) for calls in self.sampled for c in calls for v in c.weights_versions]
+        return TrajectoryOutcome(
+            trajectory_id=self.id, task_key=self.task.key, task_hash=self.task.content_hash,
+            family=self.task.family, difficulty=self.task.difficulty, status=status,
+            stop_reason=stop.reason, reward=None if reward is None else reward.value,
+            reward_breakdown=dict(reward.breakdown) if reward else {}, error_type=error_type,
+            error=error, started_at=self.started_at, finished_at=time.time(),
+            engine_s=self.engine_s, tools_s=self.tools_s, waiting_s=self.waiting_s,
+            verify_s=self.verify_s, turns=self.turns, sampled_tokens=self.sampled_tokens,
+            tool_calls=self.tool_calls, malformed_calls=self.malformed,
+            min_weights_version=min(versions) if versions else None,
+            max_weights_version=max(versions) if versions else None,
+            segments=tuple(segments), messages=self._messages(), final_text=self._final_text())
+
+
+class _ToolTimeout(Exception):
+    pass
+
+
+class _VerifyTimeout(Exception):
+    pass

@@ -1,0 +1,217 @@
+"""Records of one agent trajectory: model calls, tool calls, and the outcome with training samples.
+
+Everything here is frozen data, reported by the agent loop as it happens (`RolloutRecorder`) and
+mapped one-to-one to store rows. Guarantees:
+
+- `ModelCallRecord.prompt_token_ids` are only the tokens appended since the previous call of the
+  same segment (the whole prompt on a segment's first call), so for every segment the
+  concatenation over its calls of `prompt_token_ids + tokens.token_ids` is exactly the segment's
+  `token_ids`;
+- a `TrainingSegment`'s arrays all have length T; `loss_mask` is 1 exactly on sampled tokens;
+  sampler log-probs, versions and top-k are aligned to token positions (0 / -1 elsewhere), and
+  `build_segment` checks that the sampled positions hold exactly the engine's ids;
+- `StopReason` says precisely why the loop stopped; `STATUS_OF` maps it to the trajectory status.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from stalewise.engine_api import FinishReason, SamplingParams
+from stalewise.records import FLOAT32, INT32, UINT8, SampledTokens
+from tasks.chat.conversation import SegmentTokens
+from tasks.messages import ChatMessage
+
+
+class TrajectoryStatus(str, enum.Enum):
+    COMPLETED = "completed"  # the model answered; the verifier scored it
+    TRUNCATED = "truncated"  # a limit stopped it (turns, tokens, context, time)
+    FAILED = "failed"  # the policy or task code failed (malformed calls, tool bug, verifier bug)
+    INFRA_ERROR = "infra_error"  # the engine or the sandbox failed
+
+
+class StopReason(str, enum.Enum):
+    ANSWERED = "answered"  # a turn ended without tool calls: the final answer
+    MAX_TURNS = "max_turns"  # the last allowed turn still asked for tools (not run)
+    MAX_TOKENS = "max_tokens"  # the trajectory's sampled-token budget ran out mid-turn
+    TURN_TOKENS = "turn_tokens"  # one call hit SamplingParams.max_tokens without ending its turn
+    CONTEXT_LENGTH = "context_length"  # the sample reached the context length
+    WALL_TIME = "wall_time"  # wall-clock limit (engine, tools and waiting)
+    WORKING_TIME = "working_time"  # engine-plus-tool time limit (no queueing)
+    MALFORMED_TOOL_CALLS = "malformed_tool_calls"  # more malformed calls than allowed
+    TOOL_EXCEPTION = "tool_exception"  # a tool raised something other than ToolError (a bug)
+    SANDBOX_ERROR = "sandbox_error"  # SandboxError while acquiring or using the sandbox
+    ENGINE_ERROR = "engine_error"  # EngineError, an engine timeout or an invalid reply
+    ENGINE_ABORT = "engine_abort"  # the engine aborted the request
+
+
+STATUS_OF: Mapping[StopReason, TrajectoryStatus] = {
+    StopReason.ANSWERED: TrajectoryStatus.COMPLETED,
+    StopReason.MAX_TURNS: TrajectoryStatus.TRUNCATED,
+    StopReason.MAX_TOKENS: TrajectoryStatus.TRUNCATED,
+    StopReason.TURN_TOKENS: TrajectoryStatus.TRUNCATED,
+    StopReason.CONTEXT_LENGTH: TrajectoryStatus.TRUNCATED,
+    StopReason.WALL_TIME: TrajectoryStatus.TRUNCATED,
+    StopReason.WORKING_TIME: TrajectoryStatus.TRUNCATED,
+    StopReason.MALFORMED_TOOL_CALLS: TrajectoryStatus.FAILED,
+    StopReason.TOOL_EXCEPTION: TrajectoryStatus.FAILED,
+    StopReason.SANDBOX_ERROR: TrajectoryStatus.INFRA_ERROR,
+    StopReason.ENGINE_ERROR: TrajectoryStatus.INFRA_ERROR,
+    StopReason.ENGINE_ABORT: TrajectoryStatus.INFRA_ERROR,
+}
+
+
+@dataclass(frozen=True, eq=False)
+class ModelCallRecord:
+    trajectory_id: str
+    turn: int
+    segment: int  # index of the training sample within the trajectory
+    context_len: int  # tokens of the segment before this call's prompt delta
+    prompt_token_ids: np.ndarray  # int32, only the tokens new since the previous call
+    tokens: SampledTokens
+    params: SamplingParams  # as sent (max_tokens already cut to the remaining budget)
+    engine_id: str
+    finish_reason: FinishReason
+    prompt_tokens: int  # the whole prompt = context_len + len(prompt_token_ids)
+    cached_prompt_tokens: int
+    started_at: float  # wall-clock seconds (time.time())
+    finished_at: float
+    tool_calls: int  # calls parsed from this turn, malformed ones included
+    malformed_calls: int
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    trajectory_id: str
+    turn: int
+    index: int  # position among the calls of this turn
+    tool_name: str | None  # None when no name could be parsed
+    arguments_json: str  # the arguments, or the raw call text when malformed
+    observation: str  # exactly what the model is shown
+    exit_code: int | None
+    error_type: str | None  # malformed | tool_error | timeout | sandbox exec error type | None
+    timed_out: bool
+    truncated: bool
+    original_bytes: int | None  # size before truncation, when truncated
+    started_at: float
+    duration_s: float
+    attempts: int = 1
+
+
+@dataclass(frozen=True, eq=False)
+class TrainingSegment:
+    """One training sample: token ids with aligned loss mask, sampler log-probs and versions."""
+
+    index: int
+    token_ids: np.ndarray  # int32 (T,)
+    loss_mask: np.ndarray  # uint8 (T,), 1 exactly on sampled tokens
+    sampler_logprobs: np.ndarray  # float32 (T,), 0 where loss_mask is 0
+    weights_versions: np.ndarray  # int32 (T,), -1 where loss_mask is 0
+    kv_versions: np.ndarray  # int32 (T,), -1 where loss_mask is 0
+    topk_ids: np.ndarray | None = None  # int32 (T, K), 0 where loss_mask is 0
+    topk_logprobs: np.ndarray | None = None  # float32 (T, K), 0 where loss_mask is 0
+
+    def __post_init__(self) -> None:
+        length = len(self.token_ids)
+        for name in ("loss_mask", "sampler_logprobs", "weights_versions", "kv_versions"):
+            if getattr(self, name).shape != (length,):
+                raise ValueError(f"TrainingSegment.{name} must have shape ({length},)")
+        for name in ("token_ids", "loss_mask", "sampler_logprobs", "weights_versions",
+                     "kv_versions", "topk_ids", "topk_logprobs"):
+            array = getattr(self, name)
+            if array is not None:
+                array.setflags(write=False)
+
+    @property
+    def num_sampled(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+def build_segment(index: int, tokens: SegmentTokens,
+                  sampled: Sequence[SampledTokens]) -> TrainingSegment:
+    """Align the engine's per-token arrays to the segment's positions, up to the last sampled
+    token (tokens after it were never part of a model call)."""
+    if len(sampled) != len(tokens.sampled_spans):
+        raise ValueError(f"{len(sampled)} model calls for {len(tokens.sampled_spans)} spans")
+    end = tokens.sampled_spans[-1][1] if tokens.sampled_spans else 0
+    ids = np.asarray(tokens.token_ids[:end], dtype=INT32)
+    mask = np.asarray(tokens.loss_mask[:end], dtype=UINT8)
+    logprobs = np.zeros(end, FLOAT32)
+    weights = np.full(end, -1, INT32)
+    kv = np.full(end, -1, INT32)
+    topk = max((s.topk for s in sampled), default=0)
+    topk_ids = np.zeros((end, topk), INT32) if topk else None
+    topk_lp = np.zeros((end, topk), FLOAT32) if topk else None
+    for (start, stop), call in zip(tokens.sampled_spans, sampled):
+        if not np.array_equal(ids[start:stop], call.token_ids):
+            raise AssertionError(f"segment {index}: positions {start}:{stop} are not the "
+                                 "engine's sampled ids")
+        logprobs[start:stop] = call.sampler_logprobs
+        weights[start:stop] = call.weights_versions
+        kv[start:stop] = call.kv_versions
+        if topk_ids is not None and topk_lp is not None and call.topk == topk:
+            topk_ids[start:stop] = call.topk_ids
+            topk_lp[start:stop] = call.topk_logprobs
+    return TrainingSegment(index, ids, mask, logprobs, weights, kv, topk_ids, topk_lp)
+
+
+@dataclass(frozen=True, eq=False)
+class TrajectoryOutcome:
+    trajectory_id: str
+    task_key: str
+    task_hash: str
+    family: str
+    difficulty: str
+    status: TrajectoryStatus
+    stop_reason: StopReason
+    reward: float | None  # None: not verified (truncated, infra error, bug); 0 for malformed
+    reward_breakdown: Mapping[str, float]
+    error_type: str | None  # set when status is failed or infra_error
+    error: str | None  # message or traceback
+    started_at: float
+    finished_at: float
+    engine_s: float  # inside engine calls
+    tools_s: float  # inside tool calls
+    waiting_s: float  # acquiring and preparing the sandbox, waiting at the engine gate
+    verify_s: float
+    turns: int
+    sampled_tokens: int
+    tool_calls: int
+    malformed_calls: int
+    min_weights_version: int | None
+    max_weights_version: int | None
+    segments: tuple[TrainingSegment, ...]
+    messages: tuple[ChatMessage, ...] = field(default=())
+    final_text: str = ""
+
+
+class RolloutRecorder(Protocol):
+    """Where the agent loop reports records as they happen (the store, or memory in tests)."""
+
+    async def model_call(self, record: ModelCallRecord) -> None: ...
+
+    async def tool_call(self, record: ToolCallRecord) -> None: ...
+
+
+class MemoryRecorder:
+    """Keeps every record in lists, in the order reported."""
+
+    def __init__(self) -> None:
+        self.model_calls: list[ModelCallRecord] = []
+        self.tool_calls: list[ToolCallRecord] = []
+
+    async def model_call(self, record: ModelCallRecord) -> None:
+        self.model_calls.append(record)
+
+    async def tool_call(self, record: ToolCallRecord) -> None:
+        self.tool_calls.append(record)
+
+    def for_trajectory(self, trajectory_id: str) -> tuple[list[ModelCallRecord],
+                                                          list[ToolCallRecord]]:
+        return ([r for r in self.model_calls if r.trajectory_id == trajectory_id],
+                [r for r in self.tool_calls if r.trajectory_id == trajectory_id])

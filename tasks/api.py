@@ -1,0 +1,171 @@
+"""Tasks: instances with a prompt, a sandbox, tools, limits and a verifier; families that yield them.
+
+Guarantees:
+- a `TaskInstance` is frozen; its `content_hash` is the SHA-256 of a canonical JSON of everything
+  that defines it (prompt, tool schemas, sandbox spec, limits, hidden files, data, verifier,
+  difficulty), so a changed task under an old key is detected;
+- a `TaskFamily` makes instance `index` of a split deterministically and names it with the
+  stable key `family/split/index`; `by_key` rebuilds the same instance from its key;
+- `hidden_files` reach the sandbox only at verification (the agent loop writes them then);
+  `data` holds facts for tools and verifiers (an expected answer) and is never shown to the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandboxes.api import SandboxSpec
+from tasks.messages import ChatMessage
+from tasks.tools import Tool
+from tasks.verify import Verifier, describe_verifier
+
+if TYPE_CHECKING:
+    from tasks.demos import Demonstration
+
+
+class TaskLimits(BaseModel):
+    """Per-trajectory limits; the agent loop enforces each one with a precise stop reason."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_turns: int = Field(8, ge=1, description="model calls at most")
+    max_generated_tokens: int = Field(2048, ge=1, description="sampled tokens over all turns")
+    context_length: int = Field(4096, ge=16, description="tokens of one training sample at most")
+    wall_time_s: float = Field(1800.0, gt=0, description="seconds from sandbox ready to the end")
+    working_time_s: float | None = Field(
+        None, gt=0, description="seconds in engine calls and tools (no queueing); None = off")
+    max_malformed_calls: int = Field(
+        2, ge=0, description="malformed tool calls allowed; one more fails the trajectory")
+    max_tool_calls_per_turn: int = Field(4, ge=1, description="extra calls count as malformed")
+    max_observation_chars: int = Field(
+        8192, ge=64, description="tool output shown to the model (head and tail kept)")
+    tool_timeout_s: float = Field(120.0, gt=0, description="per tool call, unless the tool sets one")
+    verify_timeout_s: float = Field(300.0, gt=0, description="the verifier's time limit")
+    verify_truncated: bool = Field(
+        False, description="also verify trajectories stopped by a limit (else reward is None)")
+
+
+@dataclass(frozen=True, eq=False)
+class TaskInstance:
+    prompt: tuple[ChatMessage, ...]
+    tools: tuple[Tool, ...]
+    verifier: Verifier
+    sandbox: SandboxSpec = field(default_factory=SandboxSpec)
+    limits: TaskLimits = field(default_factory=TaskLimits)
+    hidden_files: Mapping[str, str] = field(default_factory=dict)
+    data: Mapping[str, Any] = field(default_factory=dict)
+    difficulty: str = "all"
+    family: str = ""
+    key: str = ""
+    content_hash: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            prompt = (ChatMessage("user", prompt),)
+        object.__setattr__(self, "prompt", tuple(prompt))
+        object.__setattr__(self, "tools", tuple(self.tools))
+        if not self.prompt:
+            raise ValueError("a task needs a prompt (a string or chat messages)")
+        bad = [t for t in self.tools if not isinstance(t, Tool)]
+        if bad:
+            raise TypeError(f"task tools must be built with @tool, got {bad!r}")
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"task tools must have unique names, got {names}")
+        object.__setattr__(self, "content_hash", self._hash())
+
+    def tool(self, name: str) -> Tool | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+    def canonical(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "prompt": [m.to_dict() for m in self.prompt],
+            "tools": [t.openai_schema() for t in self.tools],
+            "sandbox": self.sandbox.model_dump(mode="json"),
+            "limits": self.limits.model_dump(mode="json"),
+            "hidden_files": dict(self.hidden_files),
+            "data": dict(self.data),
+            "verifier": describe_verifier(self.verifier),
+            "difficulty": self.difficulty,
+        }
+
+    def _hash(self) -> str:
+        try:
+            text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        except TypeError as err:
+            raise TypeError(f"task data and hidden files must be JSON-serialisable: {err}") from err
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+MakeFn = Callable[[int, str], TaskInstance]
+DemoFn = Callable[[TaskInstance, bool], "Demonstration"]
+
+
+class TaskFamily:
+    """A deterministic, indexable source of task instances (and their demonstrations)."""
+
+    def __init__(self, name: str, make: MakeFn, *, demonstrate: DemoFn | None = None,
+                 size: int | None = None, splits: Sequence[str] = ("train", "eval"),
+                 description: str = "", options: Mapping[str, Any] | None = None) -> None:
+        if not name or "/" in name:
+            raise ValueError(f"family name {name!r} must be non-empty and contain no '/'")
+        self.name = name
+        self._make = make
+        self._demonstrate = demonstrate
+        self.size = size
+        self.splits = tuple(splits)
+        self.description = description
+        self.options = dict(options or {})
+
+    def instance(self, index: int, split: str = "train") -> TaskInstance:
+        if split not in self.splits:
+            raise ValueError(f"family {self.name} has splits {self.splits}, not {split!r}")
+        if index < 0 or (self.size is not None and index >= self.size):
+            raise IndexError(f"family {self.name} has instances 0..{self.size}, not {index}")
+        made = self._make(index, split)
+        if not isinstance(made, TaskInstance):
+            raise TypeError(f"family {self.name}: make() returned {type(made).__name__}, "
+                            "expected a TaskInstance")
+        return dataclasses.replace(made, family=self.name, key=f"{self.name}/{split}/{index}")
+
+    def instances(self, split: str = "train", start: int = 0,
+                  count: int | None = None) -> Iterator[TaskInstance]:
+        index = start
+        while (count is None or index < start + count) and (self.size is None or index < self.size):
+            yield self.instance(index, split)
+            index += 1
+
+    def by_key(self, key: str) -> TaskInstance:
+        parts = key.split("/")
+        if len(parts) != 3 or parts[0] != self.name or not parts[2].isdigit():
+            raise ValueError(f"key {key!r} is not of the form {self.name}/<split>/<index>")
+        return self.instance(int(parts[2]), parts[1])
+
+    @property
+    def has_demonstrations(self) -> bool:
+        return self._demonstrate is not None
+
+    def demonstration(self, instance: TaskInstance, correct: bool = True) -> Demonstration:
+        if self._demonstrate is None:
+            raise NotImplementedError(f"family {self.name} has no demonstration generator")
+        return self._demonstrate(instance, correct)
+
+    def demonstrations(self, count: int, *, wrong_fraction: float = 0.0, split: str = "train",
+                       start: int = 0, seed: int = 0) -> list[Demonstration]:
+        """`count` demonstrations of instances start.., exactly round(count*wrong_fraction) of
+        them deliberately wrong (chosen at random with `seed`)."""
+        if not 0.0 <= wrong_fraction <= 1.0:
+            raise ValueError(f"wrong_fraction must be in [0, 1], got {wrong_fraction}")
+        wrong = set(random.Random(seed).sample(range(count), round(count * wrong_fraction)))
+        return [self.demonstration(task, correct=i not in wrong)
+                for i, task in enumerate(self.instances(split, start, count))]

@@ -1,0 +1,73 @@
+"""Hermes/Qwen-style tool calls: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+
+`parse_tool_calls` finds every call in the decoded text of a sampled turn, in order. A call is
+well-formed when its body is a JSON object with a string `name` naming an available tool and an
+object `arguments` (a JSON string holding an object is accepted too, as OpenAI sends it). Every
+other case becomes a `ParsedCall` with an `error` that says what is wrong, short enough to show
+to the model: unclosed or stray tags, bad JSON, a missing or unknown name, non-object arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from tasks.chat.base import ParsedCall
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_TAG = re.compile(re.escape(OPEN) + "|" + re.escape(CLOSE))
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def parse_tool_calls(text: str, tool_names: Sequence[str]) -> tuple[ParsedCall, ...]:
+    calls: list[ParsedCall] = []
+    open_at: int | None = None
+    for match in _TAG.finditer(text):
+        if match.group(0) == OPEN:
+            if open_at is not None:
+                calls.append(ParsedCall(raw=text[open_at:match.start()],
+                                        error=f"{OPEN} opened again before {CLOSE}"))
+            open_at = match.start()
+        elif open_at is None:
+            calls.append(ParsedCall(raw=CLOSE, error=f"{CLOSE} without {OPEN}"))
+        else:
+            body = text[open_at + len(OPEN):match.start()]
+            calls.append(parse_call_body(body, tool_names))
+            open_at = None
+    if open_at is not None:
+        calls.append(ParsedCall(raw=text[open_at:], error=f"{OPEN} is never closed by {CLOSE}"))
+    return tuple(calls)
+
+
+def parse_call_body(body: str, tool_names: Sequence[str]) -> ParsedCall:
+    raw = body.strip()
+    try:
+        value: Any = json.loads(raw)
+    except json.JSONDecodeError as err:
+        return ParsedCall(raw=raw, error=f"tool call is not valid JSON ({err.msg} at {err.pos})")
+    if not isinstance(value, dict):
+        return ParsedCall(raw=raw, error="tool call must be a JSON object with name and arguments")
+    name = value.get("name")
+    if not isinstance(name, str) or not name:
+        return ParsedCall(raw=raw, error='tool call needs a "name" string')
+    if name not in tool_names:
+        available = ", ".join(tool_names) or "none"
+        return ParsedCall(raw=raw, name=name, error=f"unknown tool {name!r}; tools: {available}")
+    arguments = value.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as err:
+            return ParsedCall(raw=raw, name=name,
+                              error=f"arguments string is not valid JSON ({err.msg})")
+    if not isinstance(arguments, dict):
+        return ParsedCall(raw=raw, name=name, error='"arguments" must be a JSON object')
+    return ParsedCall(raw=raw, name=name, arguments=arguments)
+
+
+def extract_answer(text: str) -> str | None:
+    """The content of the last `<answer>…</answer>` in `text`, stripped; None if there is none."""
+    found = _ANSWER.findall(text)
+    return found[-1].strip() if found else None

@@ -1,0 +1,74 @@
+"""`stalewise tasks ...`: list, show and check task families (no torch, no sandbox needed)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+app = typer.Typer(no_args_is_help=True)
+
+OPTIONS_HELP = 'factory options as JSON, e.g. \'{"max_k": 5}\''
+
+
+def _options(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if text else {}
+    except json.JSONDecodeError as err:
+        raise typer.BadParameter(f"--options is not JSON ({err.msg}); e.g. '{{\"seed\": 1}}'")
+    if not isinstance(value, dict):
+        raise typer.BadParameter("--options must be a JSON object")
+    return value
+
+
+def _load(ref: str, options: str) -> Any:
+    from tasks.loading import TaskLoadError, load_family
+
+    try:
+        return load_family(ref, _options(options))
+    except TaskLoadError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=1) from None
+
+
+@app.command("list")
+def list_command() -> None:
+    """List the task families installed as entry points (group stalewise.tasks)."""
+    from tasks.loading import available_entry_points
+
+    for name in available_entry_points():
+        typer.echo(name)
+
+
+@app.command("show")
+def show_command(ref: str = typer.Argument(..., help="family reference (file.py:attr, name)"),
+                 options: str = typer.Option("", help=OPTIONS_HELP),
+                 count: int = typer.Option(3, min=1, help="instances to show"),
+                 split: str = typer.Option("train", help="split to draw from")) -> None:
+    """Print the first instances of a family: key, difficulty, hash, prompt, tools."""
+    family = _load(ref, options)
+    for task in family.instances(split, count=count):
+        prompt = " | ".join(f"{m.role}: {m.content}" for m in task.prompt)
+        typer.echo(f"{task.key}  [{task.difficulty}]  {task.content_hash[:12]}")
+        typer.echo(f"  tools: {', '.join(t.name for t in task.tools) or '-'}")
+        typer.echo(f"  prompt: {prompt}")
+
+
+@app.command("check")
+def check_command(ref: str = typer.Argument(..., help="family reference (file.py:attr, name)"),
+                  options: str = typer.Option("", help=OPTIONS_HELP),
+                  count: int = typer.Option(20, min=1, help="instances per split to check")
+                  ) -> None:
+    """Build instances, check keys, tool schemas and demonstrations; exit 1 on any problem."""
+    from tasks.check import check_family
+
+    family = _load(ref, options)
+    problems = check_family(family, count)
+    for problem in problems:
+        typer.echo(f"problem: {problem}", err=True)
+    if problems:
+        raise typer.Exit(code=1)
+    demos = "with demonstrations" if family.has_demonstrations else "no demonstrations"
+    typer.echo(f"ok: {family.name}, {count} instances per split ({', '.join(family.splits)}), "
+               f"{demos}")

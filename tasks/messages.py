@@ -1,0 +1,49 @@
+"""Chat messages: the role/content pairs a chat format renders to token ids.
+
+A tool message carries the raw observation text; the chat format decides how it is wrapped
+(`<tool_response>…</tool_response>` for Hermes/Qwen style), so the same transcript renders
+correctly for every format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Role
+    content: str
+    name: str | None = None  # the tool's name, on tool messages
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"message role {self.role!r} is not one of {ROLES}")
+        if not isinstance(self.content, str):
+            raise TypeError(f"message content must be str, got {type(self.content).__name__}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+def system(content: str) -> ChatMessage:
+    return ChatMessage("system", content)
+
+
+def user(content: str) -> ChatMessage:
+    return ChatMessage("user", content)
+
+
+def assistant(content: str) -> ChatMessage:
+    return ChatMessage("assistant", content)
+
+
+def tool_message(name: str, observation: str) -> ChatMessage:
+    return ChatMessage("tool", observation, name=name)

@@ -1,0 +1,1 @@
+"""Built-in task suites: `arith`, `codefix`, `longhaul` (entry points in group stalewise.tasks)."""

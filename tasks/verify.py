@@ -1,0 +1,101 @@
+"""Verifiers: async scoring of a finished trajectory, a reward plus a named breakdown.
+
+A `Rubric` is a list of named `Component`s, each a function of the `VerifyContext` (sync or
+async) returning a float. The reward is the weighted sum of the components; a component with
+weight 0 is a metric: it appears in the breakdown and never moves the reward. Components run
+one after another in declaration order (they may share the sandbox). Any callable returning a
+`Reward` can serve as a verifier too.
+
+Hidden files of the task are written into the sandbox by the agent loop right before the
+verifier runs, never earlier, so the agent cannot see them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sandboxes.api import Sandbox
+from tasks.messages import ChatMessage
+
+if TYPE_CHECKING:
+    from tasks.api import TaskInstance
+
+
+@dataclass(frozen=True)
+class Reward:
+    value: float
+    breakdown: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.value):
+            raise ValueError(f"reward must be finite, got {self.value}")
+
+
+@dataclass(frozen=True)
+class VerifyContext:
+    """What a verifier sees: the sandbox after the agent stopped, the task and the transcript."""
+
+    sandbox: Sandbox
+    task: TaskInstance
+    messages: tuple[ChatMessage, ...]
+    final_text: str  # the last assistant message
+    answer: str | None  # the content of its last <answer>...</answer>, if any
+    stop_reason: str
+    turns: int
+    tool_calls: int
+
+
+class Verifier(Protocol):
+    async def __call__(self, ctx: VerifyContext) -> Reward: ...
+
+    def describe(self) -> str: ...
+
+
+ScoreFn = Callable[[VerifyContext], "float | Awaitable[float]"]
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    fn: ScoreFn
+    weight: float = 1.0
+
+
+class Rubric:
+    """Weighted sum of named components; weight 0 components are reported metrics."""
+
+    def __init__(self, *components: Component) -> None:
+        if not components:
+            raise ValueError("a Rubric needs at least one Component")
+        names = [c.name for c in components]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Rubric component names must be unique, got {names}")
+        self.components = components
+
+    async def __call__(self, ctx: VerifyContext) -> Reward:
+        breakdown: dict[str, float] = {}
+        total = 0.0
+        for component in self.components:
+            score = component.fn(ctx)
+            if inspect.isawaitable(score):
+                score = await score
+            score = float(score)
+            if not math.isfinite(score):
+                raise ValueError(f"verifier component {component.name!r} returned {score}")
+            breakdown[component.name] = score
+            total += component.weight * score
+        return Reward(total, breakdown)
+
+    def describe(self) -> str:
+        return " + ".join(f"{c.weight:g}*{c.name}" for c in self.components)
+
+
+def describe_verifier(verifier: Any) -> str:
+    describe = getattr(verifier, "describe", None)
+    if callable(describe):
+        return str(describe())
+    return getattr(verifier, "__qualname__", type(verifier).__qualname__)

@@ -1,0 +1,107 @@
+"""Built-in suites without a sandbox: instances are well formed and their checks are sound."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import sys
+import types
+
+import pytest
+
+from tasks.suites import arith, codefix, longhaul
+from tasks.suites.codefix_bugs import BUGS, run
+
+
+def test_arith_values_and_buckets():
+    family = arith.family(max_ops=4, max_value=9)
+    tasks = list(family.instances(count=200))
+    assert {t.difficulty for t in tasks} == {"ops=1", "ops=2", "ops=3", "ops=4"}
+    for task in tasks:
+        text = task.data["expression"]
+        assert task.data["value"] == eval(text)
+        assert sum(text.count(op) for op in "+-*") == int(task.difficulty[4:])
+        assert len(task.prompt[0].content) <= 40, "arith prompts must stay short for tiny models"
+    assert arith.evaluate("2-(3-4)") == 3
+    with pytest.raises(ValueError):
+        arith.evaluate("__import__('os')")
+
+
+def test_arith_instances_differ_by_split_and_seed():
+    a = arith.family().instance(0, "train").data["expression"]
+    texts = {arith.family(seed=s).instance(i, sp).data["expression"]
+             for s in (0, 1) for i in range(5) for sp in ("train", "eval")}
+    assert len(texts) > 10 and a in texts
+
+
+def hidden_results(task, which: str) -> list[bool]:
+    """Run the hidden tests in this process against the fixed or the buggy module."""
+    module = types.ModuleType(task.data["module"])
+    exec(compile(task.data[which], module.__name__, "exec"), module.__dict__)  # noqa: S102
+    sys.modules[module.__name__] = module
+    try:
+        namespace: dict = {}
+        exec(compile(task.hidden_files["_hidden/test_hidden.py"], "hidden", "exec"),  # noqa: S102
+             namespace)
+        results = []
+        for name in sorted(n for n in namespace if n.startswith("test_")):
+            try:
+                namespace[name]()
+                results.append(True)
+            except AssertionError:
+                results.append(False)
+        return results
+    finally:
+        del sys.modules[module.__name__]
+
+
+def test_codefix_hidden_tests_separate_the_fix_from_the_bug():
+    seen = set()
+    for task in codefix.family(tests=6).instances(count=40):
+        seen.add(task.data["function"])
+        assert set(task.hidden_files).isdisjoint(task.sandbox.files)
+        fixed, buggy = hidden_results(task, "fixed"), hidden_results(task, "buggy")
+        assert len(fixed) == len(buggy) == task.data["tests"] == 6
+        assert all(fixed), task.key
+        assert any(buggy) and not all(buggy), (task.key, buggy)
+    assert len(seen) >= 6
+
+
+def test_every_bug_is_a_real_bug():
+    for bug in BUGS:
+        rng = random.Random(0)
+        outcomes = set()
+        for _ in range(300):
+            args = bug.inputs(rng)
+            outcomes.add(run(bug.source(True), bug.name, args) == run(bug.source(False),
+                                                                         bug.name, args))
+        assert outcomes == {True, False}, bug.name
+
+
+def test_longhaul_chains_buckets_and_heavy_tailed_latency():
+    family = longhaul.family(min_k=1, max_k=30)
+    tasks = list(family.instances(count=300))
+    ks = [t.data["k"] for t in tasks]
+    assert min(ks) == 1 and max(ks) >= 25
+    for task in tasks:
+        keys = task.data["chain"]
+        assert len(keys) == task.data["k"] + 1 == len(set(keys))
+        assert task.difficulty == longhaul.bucket_of(task.data["k"],
+                                                     longhaul.buckets((1, 3, 8, 16), 30))
+    assert {t.difficulty for t in tasks} == {"k=1-2", "k=3-7", "k=8-15", "k=16-30"}
+    delays = sorted(longhaul.step_latency(f"t{i}", j, 0.5, 1.0, 60.0)
+                    for i in range(200) for j in range(5))
+    assert delays[len(delays) // 100] < 0.1 and delays[-len(delays) // 100] > 4.0
+    assert statistics.median(delays) == pytest.approx(0.5, rel=0.15)
+    assert max(delays) <= 60.0
+    durations = [sum(longhaul.step_latency(t.key, j, 0.5, 1.0, 60.0) for j in range(t.data["k"]))
+                 for t in tasks]
+    assert math.log10(max(durations) / min(durations)) >= 2, "should span orders of magnitude"
+
+
+def test_longhaul_rejects_bad_options():
+    with pytest.raises(ValueError, match="min_k"):
+        longhaul.family(min_k=5, max_k=2)
+    with pytest.raises(ValueError, match="latency_in"):
+        longhaul.family(latency_in="gpu")  # type: ignore[arg-type]

@@ -47,7 +47,7 @@ def synthetic_calls(rng: np.random.Generator, trajectory_id: int, turns: int, to
 
 def trajectory_row(run_id: str, trajectory_id: int, turns: int, tokens: int, t0: float) -> dict:
     return dict(id=trajectory_id, run_id=run_id, group_id=None, task_instance_id=None,
-                sample_index=trajectory_id % 8, attempt=0, status="completed",
+                sample_index=trajectory_id % 8, attempt=0, purpose="train", status="completed",
                 stop_reason="answered", reward=float(trajectory_id % 2),
                 reward_breakdown={"correct": float(trajectory_id % 2)}, error=None,
                 queued_at=t0, started_at=t0, finished_at=t0 + turns, engine_s=turns * 0.5,

@@ -196,6 +196,7 @@ CREATE TABLE trajectories (
 	group_id INTEGER,
 	task_instance_id INTEGER,
 	sample_index INTEGER NOT NULL,
+	purpose VARCHAR(8) NOT NULL,
 	attempt INTEGER NOT NULL,
 	status VARCHAR(16) NOT NULL,
 	stop_reason VARCHAR(32),

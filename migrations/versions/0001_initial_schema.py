@@ -123,6 +123,7 @@ def upgrade() -> None:
     sa.Column('group_id', sa.Integer(), nullable=True),
     sa.Column('task_instance_id', sa.Integer(), nullable=True),
     sa.Column('sample_index', sa.Integer(), nullable=False),
+    sa.Column('purpose', sa.String(length=8), nullable=False),
     sa.Column('attempt', sa.Integer(), nullable=False),
     sa.Column('status', sa.String(length=16), nullable=False),
     sa.Column('stop_reason', sa.String(length=32), nullable=True),

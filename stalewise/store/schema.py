@@ -98,6 +98,7 @@ class Trajectory(Base):
     task_instance_id: Mapped[int | None] = mapped_column(ForeignKey("task_instances.id"))
     sample_index: Mapped[int] = mapped_column(Integer, default=0)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
+    purpose: Mapped[str] = mapped_column(String(8), default="train")  # train|eval
     # queued|running|completed|truncated|failed|infra_error|aborted
     status: Mapped[str] = mapped_column(String(16))
     stop_reason: Mapped[str | None] = mapped_column(String(32))

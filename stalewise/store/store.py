@@ -189,12 +189,12 @@ class Store:
     # ---------------------------------------------------------------- trajectories
     def create_trajectory(self, run_id: str, *, group_id: int | None, task_instance_id: int | None,
                           sample_index: int = 0, attempt: int = 0, dispatch_version: int = 0,
-                          status: str = "queued") -> int:
+                          status: str = "queued", purpose: str = "train") -> int:
         with self.engine.begin() as c:
             return c.execute(insert(s.Trajectory.__table__).values(
                 run_id=run_id, group_id=group_id, task_instance_id=task_instance_id,
                 sample_index=sample_index, attempt=attempt, status=status, queued_at=now(),
-                dispatch_version=dispatch_version)).inserted_primary_key[0]
+                dispatch_version=dispatch_version, purpose=purpose)).inserted_primary_key[0]
 
     def update_trajectory(self, trajectory_id: int, **values: Any) -> None:
         with self.engine.begin() as c:

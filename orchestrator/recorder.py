@@ -1,0 +1,55 @@
+"""The store-backed `RolloutRecorder`: agent-loop records become `model_calls` / `tool_calls` rows.
+
+Rows go through the job's `StoreWriter`, so recording never waits on the disk; the trajectory's
+final row update is written with them and `finish` returns once it is durable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.rollout_types import ModelCallRecord, ToolCallRecord, TrajectoryOutcome
+from orchestrator.writer import StoreWriter
+from stalewise.store.store import model_call_row
+
+
+class SqlRecorder:
+    def __init__(self, writer: StoreWriter) -> None:
+        self.writer = writer
+
+    async def model_call(self, record: ModelCallRecord) -> None:
+        await self.writer.put_model_call(model_call_row(
+            trajectory_id=int(record.trajectory_id), turn=record.turn, segment=record.segment,
+            context_len=record.context_len, prompt_token_ids=record.prompt_token_ids,
+            tokens=record.tokens, sampling=record.params.model_dump(mode="json"),
+            engine_id=record.engine_id, finish_reason=record.finish_reason,
+            cached_prompt_tokens=record.cached_prompt_tokens, started_at=record.started_at,
+            finished_at=record.finished_at))
+
+    async def tool_call(self, record: ToolCallRecord) -> None:
+        await self.writer.put_tool_call(dict(
+            trajectory_id=int(record.trajectory_id), turn=record.turn, index=record.index,
+            name=record.tool_name or "", arguments=record.arguments_json,
+            observation=record.observation, exit_code=record.exit_code,
+            error_type=record.error_type, timed_out=record.timed_out,
+            truncated=record.truncated, output_bytes=record.original_bytes or 0,
+            started_at=record.started_at, duration_s=record.duration_s))
+
+
+def outcome_values(outcome: TrajectoryOutcome) -> dict[str, Any]:
+    """The `trajectories` columns an outcome fills in."""
+    kv = [int(s.kv_versions[s.loss_mask.astype(bool)].min()) for s in outcome.segments
+          if s.num_sampled]
+    error = outcome.error
+    if outcome.error_type and error:
+        error = f"{outcome.error_type}: {error}"
+    return dict(
+        status=outcome.status.value, stop_reason=outcome.stop_reason.value, reward=outcome.reward,
+        reward_breakdown=dict(outcome.reward_breakdown), error=error,
+        started_at=outcome.started_at, finished_at=outcome.finished_at,
+        engine_s=outcome.engine_s, tools_s=outcome.tools_s, waiting_s=outcome.waiting_s,
+        min_version=outcome.min_weights_version, max_version=outcome.max_weights_version,
+        min_kv_version=min(kv) if kv else None, num_turns=outcome.turns,
+        num_model_calls=outcome.turns, num_tool_calls=outcome.tool_calls,
+        num_malformed=outcome.malformed_calls, num_sampled_tokens=outcome.sampled_tokens,
+        num_segments=len(outcome.segments))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Mapping, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ExecErrorType = Literal["timeout", "oom", "output_limit", "container_died", "exec_failed"]
 
@@ -34,6 +34,7 @@ class ExecResult:
     stdout_sha256: str = ""
     stderr_sha256: str = ""
     error_type: ExecErrorType | None = None
+    error_message: str = ""  # what went wrong, for error_type other than None
 
     @property
     def ok(self) -> bool:
@@ -67,6 +68,14 @@ class SandboxSpec(BaseModel):
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
     files: Mapping[str, str] = Field(default_factory=dict, description="path -> text, put in /work")
     workdir: str = "/work"
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute_workdir(cls, value: str) -> str:
+        if not value.startswith("/") or value.rstrip("/") == "" or value.rstrip("/") == "/tmp":
+            raise ValueError(f"workdir {value!r} must be an absolute path other than / and /tmp, "
+                             "e.g. /work")
+        return value.rstrip("/")
 
 
 class Sandbox(Protocol):

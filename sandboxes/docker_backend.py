@@ -1,0 +1,213 @@
+"""The Docker backend: one hardened container per sandbox, driven through an in-container agent.
+
+Lifecycle: `start()` creates the container (configuration in `sandboxes.hardening`), attaches
+to its stdin/stdout, starts it, sends the agent source, and waits for the agent's hello;
+`close()` kills the container, which the engine then removes (auto-remove). Blocking docker SDK
+calls run in worker threads (`anyio.to_thread`); exec round trips go over the async attach
+stream and never touch a thread.
+
+Guarantees: a sandbox that fails to start leaves no container behind and raises `SandboxError`
+with the engine's or the agent's words; `close()` is idempotent and safe after the container
+died; the container dies on its own when this process dies (its agent exits on stdin EOF) and in
+any case at its hard TTL.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import anyio
+
+from sandboxes import labels as lab
+from sandboxes.api import ExecResult, SandboxError, SandboxSpec
+from sandboxes.attach import AttachTransport, open_attach
+from sandboxes.channel import AgentChannel, AgentGone, AgentRequestError
+from sandboxes.engine import connect, docker_host
+from sandboxes.hardening import container_config
+from sandboxes.session import AgentSession
+
+if TYPE_CHECKING:
+    import docker
+
+AGENT_SOURCE = (Path(__file__).parent / "agent.py").read_bytes()
+_NAME_SAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
+
+
+def container_name(run_id: str, trajectory_id: str | None) -> str:
+    """A readable, unique container name: sw-<run>-<trajectory or 'pool'>-<random>."""
+    middle = _NAME_SAFE.sub("_", f"{run_id}-{trajectory_id or 'pool'}")[:100]
+    return f"sw-{middle}-{secrets.token_hex(3)}"
+
+
+class DockerSandbox:
+    """A `Sandbox` in a fresh hardened container. Use `async with` or `start()`/`close()`."""
+
+    def __init__(self, spec: SandboxSpec | None = None, *,
+                 client: "docker.DockerClient | None" = None,
+                 run_id: str = "adhoc", trajectory_id: str | None = None,
+                 runtime: str | None = None, start_timeout_s: float = 60.0,
+                 shell: tuple[str, ...] = ("bash", "-c")) -> None:
+        self.spec = spec or SandboxSpec()
+        self.run_id = run_id
+        self.trajectory_id = trajectory_id
+        self.runtime = runtime
+        self.start_timeout_s = start_timeout_s
+        self.shell = shell
+        self.container_id: str | None = None
+        self.name: str | None = None
+        self._client = client
+        self._transport: AttachTransport | None = None
+        self._session: AgentSession | None = None
+        self._closed = False
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._session is not None or self._closed:
+            raise SandboxError("DockerSandbox.start() called twice; create a new sandbox instead")
+        try:
+            with anyio.fail_after(self.start_timeout_s):
+                await self._start()
+        except TimeoutError:
+            await self._discard()
+            raise SandboxError(f"sandbox did not start within {self.start_timeout_s:.0f} s "
+                               f"({self._agent_stderr() or 'no agent output'})") from None
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._discard()
+            raise
+
+    async def _start(self) -> None:
+        if self._client is None:
+            self._client = await anyio.to_thread.run_sync(connect)
+        client: "docker.DockerClient" = self._client
+        labels = lab.container_labels(run_id=self.run_id, trajectory_id=self.trajectory_id,
+                                      ttl_s=self.spec.limits.ttl_s)
+        self.name = container_name(self.run_id, self.trajectory_id)
+        kwargs = container_config(client.api, self.spec, labels=labels, name=self.name,
+                                  runtime=self.runtime)
+        self.container_id = await self._engine("create", client.api.create_container, **kwargs)
+        self._transport = await open_attach(docker_host(), client.api.api_version,
+                                            self.container_id)
+        channel = AgentChannel(self._transport, self._why_gone)
+        await self._engine("start", client.api.start, self.container_id)
+        await channel.send_raw(b"%010d" % len(AGENT_SOURCE) + AGENT_SOURCE)
+        session = AgentSession(channel, self.spec, shell=self.shell)
+        try:
+            hello = await channel.request("hello", workdir=self.spec.workdir, container=True,
+                                          ttl_s=self.spec.limits.ttl_s)
+        except AgentGone as exc:
+            raise SandboxError(f"the sandbox agent did not start in image {self.spec.image} "
+                               f"(does it have python3 >= 3.8 and coreutils `timeout`?): "
+                               f"{exc}") from None
+        if int(hello["uid"]) == 0:
+            raise SandboxError("the sandbox agent runs as root; refusing (check the image)")
+        self._session = session
+        await session.put_files(self.spec.files)
+
+    async def _engine(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        import docker.errors
+
+        def call() -> Any:
+            return fn(*args, **kwargs)
+
+        try:
+            result = await anyio.to_thread.run_sync(call)
+        except docker.errors.ImageNotFound as exc:
+            hint = (" (run `stalewise sandbox build-base`)" if self.spec.image.startswith(
+                "stalewise-base") else " (build it first; task images are FROM stalewise-base)")
+            raise SandboxError(f"image {self.spec.image} not found{hint}: {exc}") from None
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"docker {what} failed for {self.name}: {exc}") from None
+        except OSError as exc:
+            raise SandboxError(f"docker engine unreachable during {what}: {exc}") from None
+        if what == "create":
+            return str(result["Id"])
+        return result
+
+    def _agent_stderr(self) -> str:
+        if self._transport is None:
+            return ""
+        return bytes(self._transport.stderr_tail[-2000:]).decode(errors="replace").strip()
+
+    def _why_gone(self) -> str:
+        tail = self._agent_stderr()
+        return (f"container {self.name} stopped (killed, out of memory, TTL reached, or its "
+                f"agent exited)" + (f"; agent said: {tail}" if tail else ""))
+
+    async def _discard(self) -> None:
+        if self._transport is not None:
+            await self._transport.aclose()
+        if self.container_id is not None and self._client is not None:
+            await anyio.to_thread.run_sync(_remove_quietly, self._client, self.container_id)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._session is not None:
+            self._session.channel.close(f"container {self.name} was closed")
+        with anyio.CancelScope(shield=True):
+            await self._discard()
+
+    async def __aenter__(self) -> "DockerSandbox":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def assign(self, trajectory_id: str) -> None:
+        """Record the trajectory a pooled container now serves (renames the container)."""
+        self.trajectory_id = trajectory_id
+        if self._client is None or self.container_id is None:
+            return
+        new_name = container_name(self.run_id, trajectory_id)
+        try:
+            await self._engine("rename", self._client.api.rename, self.container_id, new_name)
+            self.name = new_name
+        except SandboxError:
+            pass  # the container may be gone already; the name is a convenience, not a guarantee
+
+    # ---- Sandbox operations ------------------------------------------------------------------
+    @property
+    def session(self) -> AgentSession:
+        if self._session is None:
+            raise SandboxError("sandbox not started: call `await sandbox.start()` or use "
+                               "`async with`")
+        return self._session
+
+    async def exec(self, cmd: str | list[str], *, timeout: float | None = None,
+                   stdin: bytes | None = None, env: Mapping[str, str] | None = None,
+                   workdir: str | None = None) -> ExecResult:
+        return await self.session.exec(cmd, timeout=timeout, stdin=stdin, env=env,
+                                       workdir=workdir)
+
+    async def read_file(self, path: str) -> bytes:
+        return await self.session.read_file(path)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        await self.session.write_file(path, data)
+
+    async def put_dir(self, local_dir: str, dest: str) -> None:
+        await self.session.put_dir(local_dir, dest)
+
+    async def reset(self) -> None:
+        await self.session.reset()
+
+
+def _remove_quietly(client: "docker.DockerClient", container_id: str) -> None:
+    import docker.errors
+
+    try:
+        client.api.remove_container(container_id, force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if exc.status_code != 409:  # 409: removal already in progress (auto-remove)
+            raise SandboxError(f"could not remove container {container_id[:12]}: {exc}") from None
+
+
+__all__ = ["DockerSandbox", "AgentRequestError", "container_name"]

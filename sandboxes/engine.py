@@ -1,0 +1,41 @@
+"""Connecting to the Docker engine, with one clear error when it is not reachable.
+
+Guarantees: `connect()` either returns a client whose engine answered a ping or raises
+`SandboxError` naming the engine address and the command that starts an engine. The docker SDK
+is imported lazily so `import sandboxes` stays light for the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from sandboxes.api import SandboxError
+
+if TYPE_CHECKING:
+    import docker
+
+DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
+START_HINT = "start one with `scripts/ensure_docker.sh` (installs docker.io and starts dockerd)"
+
+
+def docker_host() -> str:
+    """The engine address the SDK will use: $DOCKER_HOST or the default unix socket."""
+    return os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
+
+
+def connect(*, timeout_s: float = 60.0, max_pool_size: int = 128) -> "docker.DockerClient":
+    """A docker client for the engine at `docker_host()`, pinged once; `SandboxError` if down."""
+    import docker
+    import docker.errors
+
+    try:
+        client = docker.DockerClient(base_url=docker_host(), timeout=int(timeout_s),
+                                     max_pool_size=max_pool_size)
+        client.ping()
+    except (docker.errors.DockerException, OSError) as exc:
+        raise SandboxError(
+            f"Docker engine not reachable at {docker_host()}: {exc}. {START_HINT}, "
+            "or use the local process backend (`--backend local`, not isolation)."
+        ) from exc
+    return client

@@ -10,6 +10,11 @@ engine_app = typer.Typer(no_args_is_help=True)
 model_app = typer.Typer(no_args_is_help=True)
 
 
+@engine_app.callback()
+def engine_group() -> None:
+    """The embedded inference engine (a group even with one command, for `python -m engine`)."""
+
+
 @model_app.command("init-tiny")
 def init_tiny_command(directory: Path, seed: int = typer.Option(0, help="weight init seed")) -> None:
     """Create the tiny default model (about 1M parameters) and its tokenizer in DIRECTORY."""
@@ -17,3 +22,33 @@ def init_tiny_command(directory: Path, seed: int = typer.Option(0, help="weight 
 
     init_tiny(directory, seed=seed)
     typer.echo(f"tiny model written to {directory}")
+
+
+@engine_app.command("serve")
+def serve_command(
+    model: Path = typer.Option(..., "--model", help="Hugging Face checkpoint directory"),
+    port: int = typer.Option(8000, help="TCP port; 0 picks a free one (see --port-file)"),
+    host: str = typer.Option("127.0.0.1", help="interface to bind"),
+    port_file: Path | None = typer.Option(None, help="write the bound port here once listening"),
+    initial_version: int = typer.Option(0, help="policy version of the weights in --model"),
+    max_batch: int = typer.Option(64, min=1, help="sequences decoded together at most"),
+    session_cache_mb: float = typer.Option(256.0, min=0.0, help="KV kept for sessions between turns"),
+    seed: int = typer.Option(0, help="seed of the sampler for requests without their own seed"),
+    threads: int = typer.Option(1, min=1, help="torch CPU threads (1 is fastest for tiny models)"),
+    served_model_name: str | None = typer.Option(None, help="name in /v1/models (default: --model)"),
+    log_level: str = typer.Option("warning", help="uvicorn log level"),
+) -> None:
+    """Serve MODEL over HTTP: vLLM-compatible /v1/completions plus the stalewise routes."""
+    from engine.checkpoint import CheckpointError
+    from engine.server import serve
+
+    try:
+        serve(model, host=host, port=port, port_file=port_file, version=initial_version,
+              max_batch=max_batch, session_cache_mb=session_cache_mb, seed=seed, threads=threads,
+              served_model_name=served_model_name, log_level=log_level)
+    except CheckpointError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from exc
+    except OSError as exc:  # port in use, unreadable files
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from exc

@@ -13,7 +13,8 @@ from stalewise.tiny_tokenizer import save_tiny_tokenizer
 
 def init_tiny(directory: str | Path, *, seed: int = 0, hidden: int = 128, layers: int = 4,
               heads: int = 4, kv_heads: int = 2, intermediate: int = 384,
-              max_positions: int = 2048) -> Path:
+              max_positions: int = 2048, initializer_range: float = 0.02) -> Path:
+    """Write the tiny model to `directory`; a larger `initializer_range` gives peakier logits."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -33,6 +34,7 @@ def init_tiny(directory: str | Path, *, seed: int = 0, hidden: int = 128, layers
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         torch_dtype="float32",
+        initializer_range=initializer_range,
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)

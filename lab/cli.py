@@ -1,7 +1,72 @@
-"""`stalewise lab ...` commands (heavy imports happen inside commands)."""
+"""`stalewise lab ...` commands (heavy imports happen inside commands).
+
+    stalewise lab estimators CONFIG [--quick] [--json OUT] [--out-dir DIR]
+    stalewise lab learning CONFIG [--quick] [--json OUT] [--out-dir DIR]
+
+Both print a table and write JSON and PNG plots (default directory: the config's
+`output_dir`). A bad config exits with status 2 and one line per problem.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
 app = typer.Typer(no_args_is_help=True)
+
+CONFIG_ARG = typer.Argument(..., help="lab TOML config, e.g. configs/lab.toml")
+QUICK_OPT = typer.Option(False, "--quick", help="apply the config's [*.quick] overrides")
+JSON_OPT = typer.Option(None, "--json", help="JSON output path (default OUT_DIR/<command>.json)")
+OUT_OPT = typer.Option(None, "--out-dir", help="directory for plots (default: output_dir)")
+
+
+def _load(config: Path, quick: bool):
+    from lab.config import load_lab_config
+    from stalewise.config_errors import ConfigError
+
+    try:
+        cfg = load_lab_config(config)
+    except ConfigError as exc:
+        typer.echo(f"error: bad lab config {exc.source}:", err=True)
+        for problem in exc.problems:
+            typer.echo(f"  - {problem}", err=True)
+        raise typer.Exit(2) from None
+    return cfg.quick() if quick else cfg
+
+
+def _progress(line: str) -> None:
+    typer.echo(line, err=True)
+
+
+@app.command("estimators")
+def estimators(config: Path = CONFIG_ARG, quick: bool = QUICK_OPT,
+               json_out: Path | None = JSON_OPT, out_dir: Path | None = OUT_OPT) -> None:
+    """Bias, variance, MSE and cosine of every estimator against the exact gradient."""
+    cfg = _load(config, quick)
+    from lab.estimator_lab import run_estimator_lab
+    from lab.report import estimator_table, plot_estimators, render, write_json
+
+    directory = out_dir or Path(cfg.output_dir)
+    rows = run_estimator_lab(cfg, progress=_progress)
+    typer.echo(render(estimator_table(rows)))
+    written = [write_json(rows, json_out or directory / "estimators.json")]
+    written += plot_estimators(rows, directory)
+    typer.echo("wrote " + ", ".join(str(p) for p in written))
+
+
+@app.command("learning")
+def learning(config: Path = CONFIG_ARG, quick: bool = QUICK_OPT,
+             json_out: Path | None = JSON_OPT, out_dir: Path | None = OUT_OPT) -> None:
+    """Train the tractable policy under each pipeline mode and estimator; J against compute."""
+    cfg = _load(config, quick)
+    from lab.learning import run_learning
+    from lab.report import learning_data, learning_table, plot_learning, render, write_json
+
+    directory = out_dir or Path(cfg.output_dir)
+    report = run_learning(cfg, progress=_progress)
+    typer.echo(f"initial J {report.initial_return:.4f}, target J {report.target:.4f}")
+    typer.echo(render(learning_table(report)))
+    written = [write_json(learning_data(report), json_out or directory / "learning.json")]
+    written += plot_learning(report, directory)
+    typer.echo("wrote " + ", ".join(str(p) for p in written))

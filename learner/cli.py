@@ -1,7 +1,212 @@
-"""`stalewise learner ...` commands (heavy imports happen inside commands)."""
+"""`stalewise learner ...` commands (heavy imports happen inside commands).
+
+train      RL steps on samples from a JSON-lines file, publishing versions under OUT
+sft        supervised warm start on demonstrations, writing the checkpoint to OUT
+synth-data write synthetic RL samples and tool-call demonstrations for smoke runs
+"""
 
 from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
 
 import typer
 
 app = typer.Typer(no_args_is_help=True)
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+
+
+def load_learner_config(path: Path | None, overrides: dict | None = None):
+    """LearnerConfig from a TOML file (top level, or its [learner] table) plus overrides."""
+    from pydantic import ValidationError
+
+    from learner.config import LearnerConfig
+    from stalewise.config_errors import problems_of
+
+    data: dict = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise typer.BadParameter(f"{path}: file not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise typer.BadParameter(f"{path}: not valid TOML: {exc}") from None
+        data = data.get("learner", data)
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    try:
+        return LearnerConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "\n  ".join(problems_of(exc, LearnerConfig))
+        raise typer.BadParameter(f"{path or 'learner config'}:\n  {problems}") from None
+
+
+def _read_demonstrations(path: Path) -> list[tuple[list[int], list[int]]]:
+    demos = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        if "token_ids" not in item or "loss_mask" not in item:
+            raise typer.BadParameter(f"{path}:{number}: each line needs token_ids and loss_mask")
+        demos.append((item["token_ids"], item["loss_mask"]))
+    return demos
+
+
+def _suite_demonstrations(suite: str, count: int, tokenizer, seed: int):
+    """(token_ids, loss_mask) of a task family's demonstrations in the checkpoint's chat format."""
+    from tasks import demonstration_samples, load_family
+    from tasks.chat import make_chat_format
+
+    family = load_family(suite)
+    samples = demonstration_samples(
+        family.demonstrations(count, seed=seed), make_chat_format(tokenizer)
+    )
+    return [(list(s.token_ids), list(s.loss_mask)) for s in samples]
+
+
+@app.command("train")
+def train_command(
+    model: Path = typer.Argument(..., help="HF checkpoint directory to start from"),
+    data: Path = typer.Option(..., help="JSON-lines file of TrainingSample objects"),
+    out: Path = typer.Option(..., help="publish versions under OUT/v000001, ..."),
+    config: Path | None = typer.Option(None, help="TOML learner config ([learner] or top level)"),
+    steps: int | None = typer.Option(None, help="stop after this many learner steps"),
+    batch_size: int | None = typer.Option(None, help="override learner batch_size"),
+    surrogate: str | None = typer.Option(None, help="override loss.surrogate"),
+    lr: float | None = typer.Option(None, help="override optimizer.lr"),
+    metrics: str = typer.Option("console,jsonl", help="comma-separated sinks"),
+) -> None:
+    """RL learner steps on a file of admitted trajectories."""
+    _quiet_transformers()
+    from learner.batch import JsonlSource
+    from learner.metrics import make_sinks
+    from learner.trainer import Learner
+
+    cfg = load_learner_config(
+        config, {"batch_size": batch_size, "loss.surrogate": surrogate, "optimizer.lr": lr}
+    )
+    sinks = make_sinks([m for m in metrics.split(",") if m], out)
+    published = []
+
+    def mark(version: int, path: Path) -> None:
+        published.append(version)
+        with (out / "published.jsonl").open("a") as fh:
+            fh.write(json.dumps({"version": version, "path": str(path)}) + "\n")
+
+    try:
+        source = JsonlSource(data)
+        learner = Learner(model, cfg, publish_root=out, mark_published=mark, sinks=sinks)
+        reports = learner.run(source, max_steps=steps)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    finally:
+        for sink in sinks:
+            sink.close()
+    typer.echo(
+        f"{len(reports)} learner steps on {sum(r.num_samples for r in reports)} samples; "
+        f"published versions {published or 'none'} under {out}"
+    )
+
+
+@app.command("sft")
+def sft_command(
+    model: Path = typer.Argument(..., help="HF checkpoint directory to start from"),
+    out: Path = typer.Option(..., help="write the fine-tuned checkpoint to this new directory"),
+    data: Path | None = typer.Option(None, help="JSON lines with token_ids and loss_mask"),
+    synthetic: int = typer.Option(0, help="use N synthetic tool-call demonstrations instead"),
+    suite: str | None = typer.Option(None, help="use a task family's demonstrations instead"),
+    count: int = typer.Option(64, help="demonstrations to take from --suite"),
+    config: Path | None = typer.Option(None, help="TOML learner config (its [sft] table)"),
+    steps: int | None = typer.Option(None, help="override sft.steps"),
+    lr: float | None = typer.Option(None, help="override sft.lr"),
+    batch_size: int | None = typer.Option(None, help="override sft.batch_size"),
+    metrics: str = typer.Option("console", help="comma-separated sinks"),
+) -> None:
+    """Supervised warm start (cross-entropy on the demonstrations' loss tokens)."""
+    _quiet_transformers()
+    from learner.metrics import make_sinks
+    from learner.publish import write_checkpoint
+    from learner.sft import run_sft
+    from learner.synthetic import tool_call_demonstrations
+    from learner.trainer import Learner
+
+    if (data is not None) + (synthetic > 0) + (suite is not None) != 1:
+        raise typer.BadParameter("give exactly one of --data FILE, --synthetic N or --suite NAME")
+    cfg = load_learner_config(
+        config, {"sft.steps": steps, "sft.lr": lr, "sft.batch_size": batch_size}
+    )
+    sinks = make_sinks([m for m in metrics.split(",") if m], out.parent / f"{out.name}-logs")
+    try:
+        learner = Learner(model, cfg, sinks=sinks)
+        if data is not None:
+            demos = _read_demonstrations(data)
+        elif suite is not None:
+            demos = _suite_demonstrations(suite, count, learner.tokenizer, cfg.sft.seed)
+        else:
+            demos = tool_call_demonstrations(learner.tokenizer, synthetic, seed=cfg.sft.seed)
+        result = run_sft(learner, demos)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    finally:
+        for sink in sinks:
+            sink.close()
+    write_checkpoint(
+        learner.policy,
+        model,
+        out,
+        {
+            "sft_steps": cfg.sft.steps,
+            "loss_before": result.loss_before,
+            "loss_after": result.loss_after,
+        },
+    )
+    typer.echo(
+        f"sft on {len(demos)} demonstrations: loss {result.loss_before:.4f} -> "
+        f"{result.loss_after:.4f} (nats per loss token); checkpoint in {out}"
+    )
+
+
+@app.command("synth-data")
+def synth_data_command(
+    model: Path = typer.Argument(..., help="HF checkpoint to sample from"),
+    out: Path = typer.Argument(..., help="directory for rl_samples.jsonl and demos.jsonl"),
+    groups: int = typer.Option(4, help="prompts (groups)"),
+    group_size: int = typer.Option(4, help="completions per prompt"),
+    max_new_tokens: int = typer.Option(16),
+    topk: int = typer.Option(8, help="record the sampler's top-k (0 = none)"),
+    demos: int = typer.Option(32, help="tool-call demonstrations to write"),
+    seed: int = typer.Option(0),
+) -> None:
+    """Write synthetic RL samples (sampled from MODEL, digit-share reward) and demonstrations."""
+    _quiet_transformers()
+    from dataclasses import replace
+
+    from learner.batch import write_jsonl
+    from learner.model import load_policy, load_tokenizer
+    from learner.synthetic import sample_rl_batch, tool_call_demonstrations
+
+    tokenizer = load_tokenizer(model)
+    policy = load_policy(model)
+    prompts = [f"Write number {i} in digits." for i in range(groups)]
+    samples = sample_rl_batch(
+        policy, tokenizer, prompts, group_size, max_new_tokens, topk=topk, seed=seed
+    )
+    samples = [replace(s, sequence=i + 1) for i, s in enumerate(samples)]
+    write_jsonl(samples, out / "rl_samples.jsonl")
+    with (out / "demos.jsonl").open("w") as fh:
+        for ids, mask in tool_call_demonstrations(tokenizer, demos, seed=seed):
+            fh.write(json.dumps({"token_ids": ids, "loss_mask": mask}) + "\n")
+    typer.echo(f"wrote {len(samples)} RL samples and {demos} demonstrations to {out}")

@@ -31,6 +31,5 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
 fi
 
 if [ "${STALEWISE_SKIP_DOCKER:-0}" != "1" ]; then
-  bash scripts/ensure_docker.sh
-  "$VENV/bin/stalewise" sandbox build-base
+  bash scripts/sandbox_setup.sh "$VENV/bin/stalewise"
 fi

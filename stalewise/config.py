@@ -15,7 +15,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from learner.config import LearnerConfig
-from sandboxes.api import SandboxLimits
 from stalewise.config_errors import ConfigError, problems_of
 
 
@@ -60,12 +59,19 @@ class EngineConfig(Section):
 
 
 class SandboxConfig(Section):
+    """How sandboxes are provided; what each task gets (image, limits) is the task's spec."""
+
     backend: Literal["docker", "local"] = "docker"
-    image: str = "stalewise-base:latest"
-    pool_size: int = Field(8, ge=0, description="warm containers kept ready")
-    max_live: int = Field(64, ge=1, description="containers alive at once at most")
+    pool_size: int = Field(8, ge=0, description="warm containers kept ready per task spec")
+    max_live: int = Field(64, ge=1, description="containers alive at once at most, per spec")
     reuse: bool = Field(False, description="reuse containers after a reset (opt-in)")
-    limits: SandboxLimits = Field(default_factory=SandboxLimits)
+
+    @model_validator(mode="after")
+    def _pool_fits(self) -> "SandboxConfig":
+        if self.pool_size > self.max_live:
+            raise ValueError(f"sandbox.pool_size ({self.pool_size}) exceeds sandbox.max_live "
+                             f"({self.max_live}); lower pool_size or raise max_live")
+        return self
 
 
 class TasksConfig(Section):

@@ -31,7 +31,7 @@ def test_shipped_lab_config_parses():
 def test_defaults_are_valid():
     config = parse_config({})
     assert config.pipeline.mode == "async"
-    assert config.sandbox.limits.network is False
+    assert config.sandbox.backend == "docker" and config.sandbox.reuse is False
 
 
 def _problems(data: dict) -> list[str]:
@@ -52,10 +52,10 @@ def test_unknown_key_suggests_the_closest_field():
 
 def test_every_problem_is_reported_on_its_own():
     problems = _problems({"pipeline": {"mode": "x"}, "learner": {"loss": {"surrogate": "y"}},
-                          "sandbox": {"limits": {"memory_mb": 1}}})
+                          "sandbox": {"max_live": 0}})
     assert len(problems) == 3
     assert any(p.startswith("learner.loss.surrogate: got 'y'") for p in problems)
-    assert any(p.startswith("sandbox.limits.memory_mb:") and "16" in p for p in problems)
+    assert any(p.startswith("sandbox.max_live:") and "1" in p for p in problems)
 
 
 def test_cross_field_rule_says_how_to_fix():

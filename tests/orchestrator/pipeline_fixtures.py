@@ -1,0 +1,58 @@
+"""A tiny task family and fakes for pipeline tests: no engine process, no Docker, real store."""
+
+from __future__ import annotations
+
+import zlib
+from contextlib import asynccontextmanager
+
+from orchestrator.scripted_engine import LatencyModel, ScriptedEngine, ScriptedTurn
+from stalewise.tiny_tokenizer import build_tiny_tokenizer
+from tasks import Component, Rubric, TaskFamily, TaskInstance, TaskLimits, ToolContext, tool
+from tasks.chat import make_chat_format
+from tasks.testing import FakeSandbox
+
+
+@tool(read_only=True, idempotent=True)
+async def flip(ctx: ToolContext, n: int) -> str:
+    """Flip a coin.
+
+    Args:
+        n: the flip's number.
+    """
+    return "flipped"
+
+
+def heads(ctx) -> float:
+    return 1.0 if ctx.answer == "heads" else 0.0
+
+
+def coin_family(size: int | None = None) -> TaskFamily:
+    def make(index: int, split: str) -> TaskInstance:
+        return TaskInstance(prompt=f"coin {index}", tools=(flip,),
+                            verifier=Rubric(Component("heads", heads, 1.0)),
+                            limits=TaskLimits(max_turns=4, max_generated_tokens=256),
+                            difficulty=f"d{index % 2}")
+    return TaskFamily("coin", make, size=size)
+
+
+CHAT = make_chat_format(build_tiny_tokenizer(), "hermes", tool_listing="none")
+TOOL_TURN = ScriptedTurn(tuple(CHAT.encode_assistant(
+    '<tool_call>{"name":"flip","arguments":{"n":1}}</tool_call>')))
+HEADS = ScriptedTurn(tuple(CHAT.encode_assistant("<answer>heads</answer>")))
+TAILS = ScriptedTurn(tuple(CHAT.encode_assistant("<answer>tails</answer>")))
+
+
+def coin_script(key: str, index: int) -> ScriptedTurn:
+    """One tool call, then heads or tails decided by the trajectory id (reward 1 or 0)."""
+    if index == 0:
+        return TOOL_TURN
+    return HEADS if zlib.crc32(key.encode()) % 2 else TAILS
+
+
+def coin_engine(latency: LatencyModel | None = None) -> ScriptedEngine:
+    return ScriptedEngine(coin_script, latency=latency, keep_requests=False)
+
+
+@asynccontextmanager
+async def fake_sandbox(spec, trajectory_id):
+    yield FakeSandbox()

@@ -76,6 +76,7 @@ CREATE TABLE learner_stream (
 	seq INTEGER NOT NULL,
 	trajectory_id INTEGER NOT NULL,
 	group_id INTEGER,
+	reward FLOAT NOT NULL,
 	loss_masked BOOLEAN NOT NULL,
 	admitted_at FLOAT NOT NULL,
 	CONSTRAINT pk_learner_stream PRIMARY KEY (run_id, seq),

@@ -181,6 +181,7 @@ def upgrade() -> None:
     sa.Column('seq', sa.Integer(), nullable=False),
     sa.Column('trajectory_id', sa.Integer(), nullable=False),
     sa.Column('group_id', sa.Integer(), nullable=True),
+    sa.Column('reward', sa.Float(), nullable=False),
     sa.Column('loss_masked', sa.Boolean(), nullable=False),
     sa.Column('admitted_at', sa.Float(), nullable=False),
     sa.ForeignKeyConstraint(['group_id'], ['groups.id'], name=op.f('fk_learner_stream_group_id_groups')),

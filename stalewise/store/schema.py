@@ -227,7 +227,8 @@ class StreamEntry(Base):
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     trajectory_id: Mapped[int] = mapped_column(ForeignKey("trajectories.id"))
     group_id: Mapped[int | None] = mapped_column(ForeignKey("groups.id"))
-    loss_masked: Mapped[bool] = mapped_column(Boolean, default=False)
+    reward: Mapped[float] = mapped_column(Float)  # the reward trained with (after admission rules)
+    loss_masked: Mapped[bool] = mapped_column(Boolean, default=False)  # baselines only, no loss
     admitted_at: Mapped[float] = mapped_column(Float)
 
 

@@ -260,35 +260,44 @@ class Store:
                 details=details, created_at=now()))
 
     def admit(self, run_id: str, trajectory_id: int, *, reason: str, learner_version: int,
-              group_id: int | None = None, lag: int | None = None, loss_masked: bool = False,
-              details: dict[str, Any] | None = None) -> int:
+              reward: float = 0.0, group_id: int | None = None, lag: int | None = None,
+              loss_masked: bool = False, details: dict[str, Any] | None = None) -> int:
         """Admit one trajectory to the learner stream; returns its sequence number."""
-        return self.admit_many(run_id, [dict(trajectory_id=trajectory_id, group_id=group_id,
-                                             reason=reason, lag=lag, loss_masked=loss_masked,
-                                             details=details)],
-                               learner_version=learner_version)[0]
+        return self.decide(run_id, [dict(trajectory_id=trajectory_id, group_id=group_id,
+                                         action="mask" if loss_masked else "admit",
+                                         reason=reason, lag=lag, reward=reward,
+                                         details=details)],
+                           learner_version=learner_version)[0]
 
-    def admit_many(self, run_id: str, items: Sequence[dict[str, Any]], *,
-                   learner_version: int) -> list[int]:
-        """Admit several trajectories atomically (e.g. a whole group); returns their seqs."""
-        if not items:
+    def decide(self, run_id: str, decisions: Sequence[dict[str, Any]], *,
+               learner_version: int) -> list[int]:
+        """Store a batch of decisions (e.g. a whole group's) in one transaction.
+
+        Each item: trajectory_id, group_id, action (admit|mask|drop|requeue), reason, lag,
+        reward, details. `admit` and `mask` items also enter the learner stream (masked ones
+        for group statistics only) with contiguous sequence numbers, returned in order.
+        """
+        if not decisions:
             return []
+        streamed = [d for d in decisions if d["action"] in ("admit", "mask")]
         runs = s.Run.__table__
+        stamp = now()
         with self.engine.begin() as c:
-            head = c.execute(update(runs).where(runs.c.id == run_id)
-                             .values(stream_head=runs.c.stream_head + len(items))
-                             .returning(runs.c.stream_head)).scalar_one()
-            first = head - len(items) + 1
-            stamp = now()
             c.execute(insert(s.AdmissionDecision.__table__), [dict(
-                run_id=run_id, trajectory_id=it["trajectory_id"], group_id=it.get("group_id"),
-                decision="mask" if it.get("loss_masked") else "admit", reason=it["reason"],
-                learner_version=learner_version, lag=it.get("lag"), details=it.get("details"),
-                created_at=stamp) for it in items])
+                run_id=run_id, trajectory_id=d["trajectory_id"], group_id=d.get("group_id"),
+                decision=d["action"], reason=d["reason"], learner_version=learner_version,
+                lag=d.get("lag"), details=d.get("details"), created_at=stamp) for d in decisions])
+            if not streamed:
+                return []
+            head = c.execute(update(runs).where(runs.c.id == run_id)
+                             .values(stream_head=runs.c.stream_head + len(streamed))
+                             .returning(runs.c.stream_head)).scalar_one()
+            first = head - len(streamed) + 1
             c.execute(insert(s.StreamEntry.__table__), [dict(
-                run_id=run_id, seq=first + i, trajectory_id=it["trajectory_id"],
-                group_id=it.get("group_id"), loss_masked=bool(it.get("loss_masked")),
-                admitted_at=stamp) for i, it in enumerate(items)])
+                run_id=run_id, seq=first + i, trajectory_id=d["trajectory_id"],
+                group_id=d.get("group_id"), reward=float(d["reward"]),
+                loss_masked=d["action"] == "mask", admitted_at=stamp)
+                for i, d in enumerate(streamed)])
         return list(range(first, head + 1))
 
     def stream_after(self, run_id: str, after_seq: int, limit: int = 1000) -> list[Any]:
@@ -316,6 +325,18 @@ class Store:
         with self.engine.connect() as c:
             return c.execute(select(table).where(table.c.run_id == run_id)
                              .order_by(table.c.version.desc()).limit(1)).first()
+
+    def learner_progress(self, run_id: str) -> tuple[int, str | None, int, int]:
+        """(latest published version, its path, learner steps done, last consumed seq)."""
+        versions, steps = s.PolicyVersion.__table__, s.LearnerStep.__table__
+        with self.engine.connect() as c:
+            latest = c.execute(select(versions.c.version, versions.c.path)
+                               .where(versions.c.run_id == run_id)
+                               .order_by(versions.c.version.desc()).limit(1)).first()
+            done = c.execute(select(func.count(), func.max(steps.c.last_seq))
+                             .where(steps.c.run_id == run_id)).first()
+        version, path = (latest.version, latest.path) if latest else (0, None)
+        return version, path, int(done[0] or 0), int(done[1] or 0)
 
     def record_learner_step(self, run_id: str, **values: Any) -> None:
         with self.engine.begin() as c:

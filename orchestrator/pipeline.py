@@ -255,6 +255,7 @@ class Pipeline:
         self.unfinished.add(trajectory_id)
         async with self.limiter:
             self.in_flight += 1
+            await self.writer.put_trajectory_update(trajectory_id, {"status": "running"})
             try:
                 outcome = await run_trajectory(
                     task=group.task, engine=self.engine,

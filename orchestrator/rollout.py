@@ -31,20 +31,16 @@ Contract (locked by tests/orchestrator/test_rollout_semantics.py):
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
 import traceback
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import (
-    AbstractAsyncContextManager,
-    AbstractContextManager,
-    AsyncExitStack,
-    asynccontextmanager,
-    contextmanager,
-)
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import anyio
@@ -134,20 +130,52 @@ async def run_trajectory(*, task: TaskInstance, engine: InferenceEngine,
     return await rollout.run(acquire_sandbox)
 
 
-@contextmanager
-def _limit(seconds: float | None, on_timeout: Callable[[], Exception]) -> Iterator[None]:
-    """A `fail_after` scope whose own expiry raises `on_timeout()` (outer expiries pass through)."""
-    if seconds is None:
-        yield
-        return
-    scope: anyio.CancelScope | None = None
+_Timeout = tuple[float | None, Callable[[], Exception]]
+
+
+class _Limit:
+    """One cancel scope at the nearest of several time limits (seconds from now; None = none).
+
+    Its own expiry raises that limit's `on_timeout()` (the first listed wins a tie); expiries of
+    outer scopes pass through untouched. It is `anyio.fail_after` with the error chosen per
+    limit, so two limits on one call cost one scope and one timer.
+    """
+
+    __slots__ = ("_scope", "_on_timeout")
+
+    def __init__(self, now: float, *limits: _Timeout) -> None:
+        nearest: _Timeout = (None, _no_timeout)
+        for seconds, on_timeout in limits:
+            if seconds is not None and (nearest[0] is None or seconds < nearest[0]):
+                nearest = (seconds, on_timeout)
+        self._on_timeout = nearest[1]
+        self._scope = (None if nearest[0] is None
+                       else anyio.CancelScope(deadline=now + max(nearest[0], 0.0)))
+
+    def __enter__(self) -> None:
+        if self._scope is not None:
+            self._scope.__enter__()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
+        if self._scope is None:
+            return False
+        swallowed = bool(self._scope.__exit__(exc_type, exc, tb))
+        if self._scope.cancelled_caught:
+            raise self._on_timeout() from None
+        return swallowed
+
+
+def _no_timeout() -> Exception:
+    raise AssertionError("a limit without seconds cannot expire")
+
+
+def _event_loop_clock() -> Callable[[], float]:
+    """`anyio.current_time`, resolved once: the asyncio loop's own clock when on asyncio."""
     try:
-        with anyio.fail_after(max(seconds, 0.0)) as scope:
-            yield
-    except TimeoutError:
-        if scope is not None and scope.cancelled_caught:
-            raise on_timeout() from None
-        raise
+        return asyncio.get_running_loop().time
+    except RuntimeError:
+        return anyio.current_time
 
 
 def cap_text(text: str, max_chars: int) -> tuple[str, bool]:
@@ -174,6 +202,9 @@ class _Rollout:
         self.turns = self.sampled_tokens = self.tool_calls = self.malformed = 0
         self.engine_s = self.tools_s = self.waiting_s = self.verify_s = 0.0
         self.started_at = time.time()
+        self.now = _event_loop_clock()
+        self._stops = tuple(dict.fromkeys((*chat_format.stop_token_ids, *params.stop_token_ids)))
+        self._params_by_max: dict[int, SamplingParams] = {}
 
     # -- the trajectory -------------------------------------------------------------------
 
@@ -183,13 +214,13 @@ class _Rollout:
         stop: _Stop | None = None
         try:
             async with AsyncExitStack() as stack:
-                t0 = anyio.current_time()
-                with _limit(self.options.acquire_timeout_s, lambda: _Stop(
+                t0 = self.now()
+                with _Limit(t0, (self.options.acquire_timeout_s, lambda: _Stop(
                         StopReason.SANDBOX_ERROR, "timed out acquiring a sandbox",
-                        "acquire_timeout")):
+                        "acquire_timeout"))):
                     sandbox = await stack.enter_async_context(acquire_sandbox(self.task.sandbox))
                     await self._put_files(sandbox, self.task.sandbox.files)
-                self.waiting_s += anyio.current_time() - t0
+                self.waiting_s += self.now() - t0
                 stop = await self._agent(sandbox)
                 await self._release_sessions()
                 reward, error = await self._maybe_verify(sandbox, stop)
@@ -209,7 +240,8 @@ class _Rollout:
     async def _agent(self, sandbox: Sandbox) -> _Stop:
         """The turns, under the wall-time limit; every way out is a `_Stop`."""
         try:
-            with _limit(self.limits.wall_time_s, lambda: _Stop(StopReason.WALL_TIME)):
+            with _Limit(self.now(), (self.limits.wall_time_s,
+                                     lambda: _Stop(StopReason.WALL_TIME))):
                 self.conversation = Conversation(self.format, self.task.prompt, self.task.tools)
                 self.sampled.append([])
                 return _Stop(await self._turns(sandbox))
@@ -257,9 +289,7 @@ class _Rollout:
         conversation = self.conversation
         assert conversation is not None
         delta = conversation.take_prompt()
-        stops = tuple(dict.fromkeys((*self.format.stop_token_ids, *self.params.stop_token_ids)))
-        params = self.params.model_copy(update={"max_tokens": max_tokens,
-                                                "stop_token_ids": stops})
+        params = self._params(max_tokens)
         session = f"{self.id}/{delta.segment}"
         self.sessions.add(session)
         request = GenerateRequest(list(conversation.token_ids), params, session_id=session)
@@ -287,21 +317,34 @@ class _Rollout:
             raise _Stop(StopReason.ENGINE_ABORT, "the engine aborted the request", "engine_abort")
         return parsed, checked
 
+    def _params(self, max_tokens: int) -> SamplingParams:
+        """The sampling params as sent: the caller's, with this call's max_tokens and the
+        format's stop ids (one copy per distinct max_tokens)."""
+        params = self._params_by_max.get(max_tokens)
+        if params is None:
+            params = self.params.model_copy(update={"max_tokens": max_tokens,
+                                                    "stop_token_ids": self._stops})
+            self._params_by_max[max_tokens] = params
+        return params
+
     async def _generate(self, request: GenerateRequest) -> GenerateResult:
-        async with AsyncExitStack() as stack:
-            if self.gate is not None:
-                t0 = anyio.current_time()
-                await stack.enter_async_context(self.gate())
-                self.waiting_s += anyio.current_time() - t0
-            t0 = anyio.current_time()
-            try:
-                with self._working_limit(), _limit(self.options.engine_timeout_s, lambda: _Stop(
-                        StopReason.ENGINE_ERROR,
-                        f"engine call exceeded {self.options.engine_timeout_s:g}s",
-                        "engine_timeout")):
-                    return await self.engine.generate(request)
-            finally:
-                self.engine_s += anyio.current_time() - t0
+        if self.gate is None:
+            return await self._engine_call(request)
+        t0 = self.now()
+        async with self.gate():
+            self.waiting_s += self.now() - t0
+            return await self._engine_call(request)
+
+    async def _engine_call(self, request: GenerateRequest) -> GenerateResult:
+        t0 = self.now()
+        timeout = self.options.engine_timeout_s
+        try:
+            with _Limit(t0, (timeout, lambda: _Stop(
+                    StopReason.ENGINE_ERROR, f"engine call exceeded {timeout:g}s",
+                    "engine_timeout")), self._working_limit()):
+                return await self.engine.generate(request)
+        finally:
+            self.engine_s += self.now() - t0
 
     def _check_result(self, result: GenerateResult, max_tokens: int) -> None:
         problem = None
@@ -315,11 +358,11 @@ class _Rollout:
             raise _Stop(StopReason.ENGINE_ERROR, f"invalid engine reply: {problem}",
                         "engine_invalid_reply")
 
-    def _working_limit(self) -> AbstractContextManager[None]:
+    def _working_limit(self) -> _Timeout:
         if self.limits.working_time_s is None:
-            return _limit(None, lambda: _Stop(StopReason.WORKING_TIME))
+            return None, _no_timeout
         left = self.limits.working_time_s - self.engine_s - self.tools_s
-        return _limit(left, lambda: _Stop(StopReason.WORKING_TIME))
+        return left, lambda: _Stop(StopReason.WORKING_TIME)
 
     # -- tool calls -----------------------------------------------------------------------
 
@@ -391,7 +434,7 @@ class _Rollout:
         timeout = tool.timeout_s or self.limits.tool_timeout_s
         ctx = ToolContext(sandbox=sandbox, task=self.task, trajectory_id=self.id, turn=turn,
                           timeout_s=timeout, state=self.tool_state)
-        started_at, t0 = time.time(), anyio.current_time()
+        started_at, t0 = time.time(), self.now()
         attempts = 0
         try:
             while True:
@@ -403,7 +446,7 @@ class _Rollout:
                     if not tool.idempotent or attempts > tool.retries:
                         raise
         finally:
-            duration = anyio.current_time() - t0
+            duration = self.now() - t0
             self.tools_s += duration
         self.tool_calls += 1
         text, capped = cap_text(result.text, self.limits.max_observation_chars)
@@ -425,9 +468,9 @@ class _Rollout:
         timed_out = ToolResult(text=f"[timed out after {timeout:g}s]", error_type="timeout",
                                timed_out=True)
         try:
-            with self._working_limit(), _limit(timeout + self.options.tool_grace_s,
-                                               lambda: _ToolTimeout()):
-                result = await tool.invoke(ctx, arguments)
+            with _Limit(self.now(), (timeout + self.options.tool_grace_s, _ToolTimeout),
+                        self._working_limit()):
+                result = await tool.call(ctx, arguments)
         except _ToolTimeout:
             return timed_out
         except ToolError as err:
@@ -451,9 +494,9 @@ class _Rollout:
             status is TrajectoryStatus.TRUNCATED and self.limits.verify_truncated)
         if not wanted:
             return None, None
-        t0 = anyio.current_time()
+        t0 = self.now()
         try:
-            with _limit(self.limits.verify_timeout_s, lambda: _VerifyTimeout()):
+            with _Limit(t0, (self.limits.verify_timeout_s, _VerifyTimeout)):
                 await self._put_files(sandbox, self.task.hidden_files)
                 return await self.task.verifier(self._verify_context(sandbox, stop)), None
         except _VerifyTimeout:
@@ -465,7 +508,7 @@ class _Rollout:
             return None, _Stop(stop.reason, f"verifier raised {type(err).__name__}: {err}\n"
                                + traceback.format_exc(), "verifier_exception")
         finally:
-            self.verify_s += anyio.current_time() - t0
+            self.verify_s += self.now() - t0
 
     async def _put_files(self, sandbox: Sandbox, files: Mapping[str, str]) -> None:
         workdir = self.task.sandbox.workdir.rstrip("/")
@@ -511,7 +554,8 @@ class _Rollout:
                                                           self.sampled)):
                 if sampled:
                     segments.append(build_segment(index, tokens, sampled))
-        versions = [int(v) for calls in self.sampled for c in calls for v in c.weights_versions]
+        versions = [int(bound) for calls in self.sampled for call in calls if len(call)
+                    for bound in (call.weights_versions.min(), call.weights_versions.max())]
         return TrajectoryOutcome(
             trajectory_id=self.id, task_key=self.task.key, task_hash=self.task.content_hash,
             family=self.task.family, difficulty=self.task.difficulty, status=status,

@@ -6,12 +6,14 @@ after the first stop id, finish "stop"), reports cached prompt tokens for a sess
 prompt extends its previous context, stamps every token with the current weights version and a
 KV version (`kv_mode="retain"` keeps the version of the session's oldest KV entry across
 updates; `"recompute"` uses the current one), and gives plausible sampler log-probs (and top-k)
-drawn from a seeded generator. Optional simulated latency (prefill per new prompt token, decode
+drawn from a seeded generator (a window of a fixed table of exponential draws, so a call costs
+the same whatever its length). Optional simulated latency (prefill per new prompt token, decode
 per token, lognormal jitter) really sleeps, so benchmarks see concurrency. Optional malformed
 outputs drop the token before the final stop token (for a tool call, its closing tag).
 
 Scripts are looked up per trajectory: calls are counted per key, the session id up to its last
-'/' (the agent loop names sessions `trajectory_id/segment`).
+'/' (the agent loop names sessions `trajectory_id/segment`). Every request is kept in `requests`
+for tests to inspect; benchmarks with many long trajectories pass `keep_requests=False`.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ class LatencyModel:
 
 Script = Mapping[str, Sequence[ScriptedTurn]] | Callable[[str, int], ScriptedTurn]
 
+# Sampler log-probs are windows of this table: -Exp(rate 3) draws, as plausible as a fresh draw.
+_LOGPROBS = (-np.random.default_rng(20240601).exponential(1 / 3.0, 4096)).astype(FLOAT32)
+
 
 def turns_from_texts(encode_assistant: Callable[[str], list[int]],
                      texts: Sequence[str]) -> list[ScriptedTurn]:
@@ -64,7 +69,8 @@ class ScriptedEngine:
     def __init__(self, script: Script | Sequence[ScriptedTurn], *, engine_id: str = "scripted",
                  version: int = 0, kv_mode: Literal["retain", "recompute"] = "recompute",
                  latency: LatencyModel | None = None, malformed_rate: float = 0.0,
-                 seed: int = 0, topk: int = 0, vocab_size: int = 1024) -> None:
+                 seed: int = 0, topk: int = 0, vocab_size: int = 1024,
+                 keep_requests: bool = True) -> None:
         if isinstance(script, Sequence):
             turns = list(script)
             self._script: Callable[[str, int], ScriptedTurn] = _from_list(turns)
@@ -78,6 +84,7 @@ class ScriptedEngine:
         self.latency = latency or LatencyModel()
         self.malformed_rate = malformed_rate
         self.seed, self.topk, self.vocab_size = seed, topk, vocab_size
+        self.keep_requests = keep_requests
         self.requests: list[GenerateRequest] = []
         self.released: list[str] = []
         self._calls: dict[str, int] = {}
@@ -85,13 +92,14 @@ class ScriptedEngine:
         self._kv_version: dict[str, int] = {}
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        self.requests.append(request)
+        if self.keep_requests:
+            self.requests.append(request)
         key = script_key(request.session_id)
         index = self._calls.get(key, 0)
         self._calls[key] = index + 1
         rng = random.Random(f"{self.seed}:{key}:{index}")
         turn = self._script(key, index)
-        prompt = [int(i) for i in request.prompt_token_ids]
+        prompt = list(request.prompt_token_ids)
         cached = self._cached(request.session_id, prompt)
         ids, finish = self._cut(turn, request, rng)
         delay, offsets = self._timing(turn, len(prompt) - cached, len(ids), rng)
@@ -153,7 +161,8 @@ class ScriptedEngine:
     def _tokens(self, ids: list[int], offsets: np.ndarray, request: GenerateRequest,
                 rng: random.Random) -> SampledTokens:
         count = len(ids)
-        logprobs = np.array([-rng.expovariate(3.0) for _ in range(count)], dtype=FLOAT32)
+        start = rng.randrange(len(_LOGPROBS))
+        logprobs = np.take(_LOGPROBS, np.arange(start, start + count), mode="wrap")
         session = request.session_id or ""
         if self.kv_mode == "retain" and session:
             kv = self._kv_version.setdefault(session, self.version)
@@ -195,5 +204,9 @@ def _from_mapping(scripts: Mapping[str, Sequence[ScriptedTurn]]) -> Callable[[st
     def script(key: str, index: int) -> ScriptedTurn:
         if key not in scripts:
             raise EngineError(f"scripted engine: no script for trajectory {key!r}")
-        return _from_list(list(scripts[key]))(key, index)
+        turns = scripts[key]
+        if index >= len(turns):
+            raise EngineError(f"scripted engine: script has {len(turns)} turns, call {index} "
+                              f"of {key or 'the default session'} asked for another")
+        return turns[index]
     return script

@@ -179,6 +179,9 @@ class Store:
                 run_id=run_id, task_instance_id=task_instance_id, size=size, status="open",
                 dispatch_version=dispatch_version, created_at=now())).inserted_primary_key[0]
 
+    def count_groups(self, run_id: str) -> int:
+        return self.count(s.Group, run_id=run_id)
+
     def set_group_status(self, group_id: int, status: str) -> None:
         values: dict[str, Any] = {"status": status}
         if status != "open":

@@ -1,0 +1,245 @@
+"""`stalewise run`: one job, from config to report, owned by one anyio task group.
+
+Order of a run: open (or migrate) the store and create the run row; make sure the model exists
+(and warm-start it by SFT when configured); start the engine and the learner processes; then,
+in one task group, the store writer, the sandbox pools, the process watchers, the progress
+display and the pipeline; evaluation before and after RL; the bias ledger and the report.
+
+Guarantees: a failure anywhere (an exception in any task, a child process dying) cancels the
+rest, records the run as `failed` with the error, and the `finally` blocks stop the child
+processes and remove every container of the run. `--resume RUN` marks what was in flight as
+aborted, removes the run's containers, restarts the learner from its last published version
+and sequence number, and continues with new groups until the learner reaches its steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+import traceback
+from contextlib import AsyncExitStack
+from dataclasses import asdict
+from pathlib import Path
+
+import anyio
+
+from orchestrator.engine_client import EngineClient
+from orchestrator.evaluate import EvalResult, evaluate
+from orchestrator.pipeline import Pipeline
+from orchestrator.pools import PoolSet
+from orchestrator.processes import ChildProcess, watch
+from orchestrator.progress import show_progress, snapshot
+from orchestrator.report import store_ledger, write_report
+from orchestrator.resume import recover_run
+from orchestrator.writer import StoreWriter
+from stalewise.config import JobConfig
+from stalewise.log import bind_run, configure_logging, get_logger
+from stalewise.store.store import Store
+from tasks.chat import make_chat_format
+from tasks.loading import load_family
+
+log = get_logger("stalewise.job")
+
+
+def new_run_id(name: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return f"{name}-{stamp}-{secrets.token_hex(2)}"
+
+
+def load_tokenizer(model_dir: Path):
+    """The checkpoint's tokenizer without importing torch (fast tokenizers need none)."""
+    if (model_dir / "tokenizer.json").exists():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def ensure_model(job: JobConfig) -> Path:
+    path = Path(job.model.path)
+    if (path / "config.json").exists():
+        return path
+    if not job.model.create_tiny:
+        raise FileNotFoundError(f"model.path = {path} holds no checkpoint (config.json missing); "
+                                f"point it at a Hugging Face model directory or set "
+                                f"model.create_tiny = true")
+    log.info("creating the tiny default model", path=str(path))
+    ChildProcess.start("model", ["-m", "stalewise", "model", "init-tiny", str(path),
+                                 "--seed", str(job.run.seed)],
+                       path.parent / "init-tiny.log").process.wait()
+    if not (path / "config.json").exists():
+        raise RuntimeError(f"could not create the tiny model in {path}; see "
+                           f"{path.parent / 'init-tiny.log'}")
+    return path
+
+
+def warm_start(job: JobConfig, model_dir: Path, run_dir: Path) -> Path:
+    """SFT on the family's synthetic demonstrations, in a child process; returns the new dir."""
+    ws = job.model.warm_start
+    out = run_dir / "sft"
+    if (out / "config.json").exists():
+        return out
+    argv = ["-m", "learner", "sft", "--model", str(model_dir), "--out", str(out),
+            "--family", job.tasks.family, "--options", json.dumps(job.tasks.options),
+            "--count", str(ws.demonstrations), "--wrong-fraction", str(ws.wrong_fraction),
+            "--steps", str(ws.steps), "--batch-size", str(ws.batch_size), "--lr", str(ws.lr),
+            "--seed", str(job.run.seed)]
+    log.info("supervised warm start", demonstrations=ws.demonstrations, steps=ws.steps)
+    child = ChildProcess.start("sft", argv, run_dir / "sft.log")
+    if child.process.wait() != 0 or not (out / "config.json").exists():
+        raise RuntimeError(f"the SFT warm start failed; last log lines:\n{child.log_tail()}")
+    return out
+
+
+def start_learner(job: JobConfig, run_id: str, model_dir: Path, run_dir: Path) -> ChildProcess:
+    config_path = run_dir / "learner.json"
+    config_path.write_text(job.learner.model_dump_json(indent=2))
+    argv = ["-m", "learner", "serve", "--db", job.run.db_url, "--run", run_id,
+            "--config", str(config_path), "--model", str(model_dir),
+            "--publish-root", str(run_dir / "policy"), "--steps", str(job.pipeline.steps)]
+    return ChildProcess.start("learner", argv, run_dir / "learner.log")
+
+
+def start_engine(job: JobConfig, model_dir: Path, version: int, run_dir: Path):
+    from engine.launch import EngineProcess, VllmProcess
+
+    if job.engine.kind == "vllm":
+        return VllmProcess.start(model_dir, port=job.engine.port or 8000,
+                                 extra_args=tuple(job.engine.extra_args),
+                                 log_path=run_dir / "engine.log",
+                                 startup_timeout=job.engine.startup_timeout_s)
+    return EngineProcess.start(model_dir, port=job.engine.port, initial_version=version,
+                               max_batch=job.engine.max_batch, seed=job.run.seed,
+                               log_path=run_dir / "engine.log",
+                               startup_timeout=job.engine.startup_timeout_s)
+
+
+def run_job(job: JobConfig, *, config_path: Path | None = None, resume: str | None = None) -> int:
+    configure_logging(job.run.log_format)
+    try:
+        return anyio.run(_run, job, resume)
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        return 130
+
+
+async def _run(job: JobConfig, resume: str | None) -> int:
+    store = Store.open(job.run.db_url, create=True)
+    run_id = resume or new_run_id(job.run.name)
+    bind_run(run_id)
+    run_dir = Path(job.run.output_dir) / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume:
+        await anyio.to_thread.run_sync(recover_run, store, run_id)
+    else:
+        store.create_run(run_id, name=job.run.name, config=job.model_dump(mode="json"),
+                         pipeline_mode=job.pipeline.mode)
+    log.info("run started", run_dir=str(run_dir), db=store.url, mode=job.pipeline.mode)
+    engine_proc = learner_proc = None
+    try:
+        model_dir = await anyio.to_thread.run_sync(ensure_model, job)
+        if job.model.warm_start.enabled and not resume:
+            model_dir = await anyio.to_thread.run_sync(warm_start, job, model_dir, run_dir)
+        version, path, _, _ = store.learner_progress(run_id)
+        serve_dir = Path(path) if path else model_dir
+        if job.engine.url is None:
+            engine_proc = await anyio.to_thread.run_sync(start_engine, job, serve_dir, version,
+                                                         run_dir)
+        learner_proc = start_learner(job, run_id, model_dir, run_dir)
+        summary = await _main(job, store, run_id, run_dir, model_dir, engine_proc, learner_proc,
+                              version, resume is not None)
+        store.set_run_status(run_id, "finished", summary=summary)
+        log.info("run finished", report=str(run_dir / "report.md"))
+        return 0
+    except BaseException as exc:  # record the failure, then let cancellation propagate
+        message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        store.set_run_status(run_id, "failed", error=message + "\n" + traceback.format_exc())
+        log.error("run failed", error=message)
+        if isinstance(exc, Exception):
+            return 1
+        raise
+    finally:
+        for proc in (learner_proc, engine_proc):
+            if proc is not None:
+                proc.stop()
+        await anyio.to_thread.run_sync(_remove_containers, job, run_id)
+        store.close()
+
+
+def _remove_containers(job: JobConfig, run_id: str) -> None:
+    if job.sandbox.backend != "docker":
+        return
+    from sandboxes.cleanup import remove_all
+
+    remove_all(run_id=run_id)
+
+
+async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_dir: Path,
+                engine_proc, learner_proc: ChildProcess, version: int, resumed: bool) -> dict:
+    url = job.engine.url or engine_proc.url
+    backend = "vllm" if job.engine.kind == "vllm" else "stalewise"
+    family = load_family(job.tasks.family, job.tasks.options)
+    chat_format = make_chat_format(load_tokenizer(model_dir), "auto")
+    started = time.monotonic()
+    async with AsyncExitStack() as stack:
+        client = await stack.enter_async_context(EngineClient(url, backend=backend))
+        await client.wait_ready(job.engine.startup_timeout_s)
+        writer = StoreWriter(store)
+        pools = PoolSet(job.sandbox, run_id, is_run_finished=store.run_is_finished)
+        pipeline = Pipeline(run_id=run_id, cfg=job, store=store, writer=writer, engine=client,
+                            weights=client, family=family, chat_format=chat_format,
+                            acquire=pools.acquire, engine_version=version,
+                            start_index=store.count_groups(run_id))
+        results: list[EvalResult] = []
+        async with anyio.create_task_group() as tg:
+            await tg.start(writer.run)
+            await tg.start(pools.run)
+            if engine_proc is not None:
+                tg.start_soon(watch, "engine", engine_proc._child.process.poll,
+                              engine_proc.log_tail)
+            tg.start_soon(lambda: watch("learner", learner_proc.process.poll,
+                                        learner_proc.log_tail, expected_exit=pipeline.done))
+            tg.start_soon(show_progress, pipeline,
+                          every_s=job.run.progress_every_s, header=lambda: run_id)
+            eval_args = dict(run_id=run_id, store=store, writer=writer, engine=client,
+                             family=family, chat_format=chat_format, acquire=pools.acquire,
+                             params=pipeline.params, instances=job.tasks.eval_instances,
+                             concurrency=job.rollout.max_concurrent, options=pipeline.options)
+            if job.tasks.eval_instances and not resumed:
+                results.append(await evaluate(label="before", version=version, **eval_args))
+                log.info("evaluation", **asdict(results[-1]))
+            await pipeline.run()
+            await writer.flush()
+            if job.tasks.eval_instances:
+                await pipeline._refresh_learner()
+                if pipeline.learner.version > pipeline.engine_version:
+                    await pipeline._apply_weights(mode="drain")
+                results.append(await evaluate(label="after", version=pipeline.engine_version,
+                                              **eval_args))
+                log.info("evaluation", **asdict(results[-1]))
+            tg.cancel_scope.cancel()
+    ledger, skew = await anyio.to_thread.run_sync(store_ledger, store, run_id)
+    steps = store.learner_steps(run_id)
+    lags = [r.mean_lag for r in steps if r.mean_lag is not None]
+    summary = {
+        "run_id": run_id, "mode": job.pipeline.mode, "kv": job.pipeline.kv,
+        "wall_s": round(time.monotonic() - started, 1),
+        "learner_steps": len(steps), "policy_version": pipeline.learner.version,
+        "mean_token_lag": round(sum(lags) / len(lags), 3) if lags else None,
+        "max_token_lag": max((r.max_lag for r in steps if r.max_lag is not None), default=None),
+        "progress": snapshot(pipeline),
+        "admission": dict(pipeline.stats.decisions),
+        "selection_skew": asdict(skew),
+        "evaluation": {r.label: f"success {r.success_rate:.3f}, mean reward {r.mean_reward:.3f}"
+                                f" over {r.instances} (version {r.version})" for r in results},
+        "report": str(run_dir / "report.md"), "db": store.url,
+    }
+    write_report(summary, ledger, run_dir)
+    print(json.dumps({k: summary[k] for k in ("run_id", "wall_s", "learner_steps", "evaluation",
+                                              "selection_skew", "report", "db")}, indent=2),
+          flush=True)
+    return summary

@@ -1,0 +1,74 @@
+"""Child processes of a job (the learner; the engine has its own launcher in `engine.launch`).
+
+Guarantees: a child's output goes to a log file in the run directory; `stop` sends SIGTERM,
+waits, then SIGKILLs and always reaps it; `watch` raises `ChildDied` with the log's tail as soon
+as a child exits on its own, which fails the job's task group and so stops everything else.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ChildDied(RuntimeError):
+    """A child process exited while the job still needed it."""
+
+
+class ChildProcess:
+    def __init__(self, name: str, process: subprocess.Popen, log_path: Path) -> None:
+        self.name, self.process, self.log_path = name, process, log_path
+
+    @classmethod
+    def start(cls, name: str, argv: list[str], log_path: Path,
+              env: dict[str, str] | None = None) -> "ChildProcess":
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        child_env = {**os.environ, **(env or {})}
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(ROOT), child_env.get("PYTHONPATH", "")) if p)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen([sys.executable, *argv], stdout=log,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=child_env, cwd=str(ROOT))
+        return cls(name, process, log_path)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+async def watch(name: str, poll: Callable[[], int | None], log_tail: Callable[[], str],
+                *, interval_s: float = 0.5, expected_exit: Callable[[], bool] = lambda: False
+                ) -> None:
+    """Return when the child exits as expected; raise `ChildDied` when it exits otherwise."""
+    while True:
+        code = poll()
+        if code is not None:
+            if code == 0 and expected_exit():
+                return
+            raise ChildDied(f"the {name} process exited with code {code}; last log lines:\n"
+                            f"{log_tail()}")
+        await anyio.sleep(interval_s)

@@ -1,0 +1,77 @@
+"""The run summary: throughput, learning, admission and the bias ledger, stored and printed.
+
+`build_ledger_from_store` reads every finished training trajectory of a run with its final
+admission decision, computes the ledger (`orchestrator.ledger`) and stores its rows; the
+summary (a JSON-ready dict) goes into `runs.summary`, `report.json` and a Markdown
+`report.md` in the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, insert, select
+
+from orchestrator.ledger import Generated, LedgerRow, Skew, build_ledger
+from stalewise.store import schema as s
+from stalewise.store.store import Store
+
+
+def generated_work(store: Store, run_id: str) -> list[Generated]:
+    t, d, ti = s.Trajectory.__table__, s.AdmissionDecision.__table__, s.TaskInstance.__table__
+    last = (select(d.c.trajectory_id, func.max(d.c.id).label("id"))
+            .where(d.c.run_id == run_id).group_by(d.c.trajectory_id).subquery())
+    query = (select(ti.c.family, ti.c.difficulty, t.c.started_at, t.c.finished_at, t.c.reward,
+                    t.c.num_sampled_tokens, d.c.decision, d.c.reason)
+             .select_from(t.join(ti, ti.c.id == t.c.task_instance_id)
+                          .outerjoin(last, last.c.trajectory_id == t.c.id)
+                          .outerjoin(d, d.c.id == last.c.id))
+             .where(t.c.run_id == run_id, t.c.purpose == "train",
+                    t.c.status.notin_(("queued", "running", "aborted"))))
+    with store.engine.connect() as c:
+        return [Generated(family=r.family, difficulty=r.difficulty or "all",
+                          duration_s=(r.finished_at or 0.0) - (r.started_at or 0.0),
+                          reward=r.reward, sampled_tokens=r.num_sampled_tokens,
+                          admitted=r.decision == "admit", reason=r.reason or "undecided")
+                for r in c.execute(query)]
+
+
+def store_ledger(store: Store, run_id: str) -> tuple[list[LedgerRow], Skew]:
+    rows, skew = build_ledger(generated_work(store, run_id))
+    stamp = time.time()
+    if rows:
+        with store.engine.begin() as c:
+            c.execute(insert(s.BiasLedgerRow.__table__),
+                      [dict(run_id=run_id, computed_at=stamp, **asdict(r)) for r in rows])
+    return rows, skew
+
+
+def write_report(summary: dict[str, Any], ledger: list[LedgerRow], run_dir: Path) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "report.json").write_text(json.dumps(
+        {"summary": summary, "ledger": [asdict(r) for r in ledger]}, indent=2, default=str))
+    lines = [f"# stalewise run {summary['run_id']}", ""]
+    for key, value in summary.items():
+        if not isinstance(value, dict):
+            lines.append(f"- **{key}**: {value}")
+    for key, value in summary.items():
+        if isinstance(value, dict):
+            lines += ["", f"## {key}", ""] + [f"- {k}: {v}" for k, v in value.items()]
+    lines += ["", "## bias ledger (generated vs admitted)", "",
+              "| family | difficulty | duration quartile | generated | admitted | excluded | "
+              "reward admitted | reward excluded | duration admitted (s) | duration excluded (s) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda v: "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))  # noqa: E731
+    for r in ledger:
+        lines.append("| " + " | ".join(fmt(v) for v in (
+            r.family, r.difficulty, r.duration_quantile, r.generated, r.admitted,
+            ", ".join(f"{k}={n}" for k, n in r.excluded_by_reason.items()) or "-",
+            r.mean_reward_admitted, r.mean_reward_excluded, r.mean_duration_admitted,
+            r.mean_duration_excluded)) + " |")
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,41 @@
+"""Recovering a run after a crash or SIGKILL of the orchestrator (`stalewise run --resume RUN`).
+
+What was in flight cannot be continued (its engine sessions and containers are gone), so it is
+closed with a reason: trajectories still queued or running become `aborted`, groups still open
+become `aborted` (members already admitted stay in the learner stream, which is append-only),
+and live sandbox rows become `orphaned`. The run is marked running again under this process.
+The learner resumes by itself from its last published version and sequence number.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from sqlalchemy import update
+
+from stalewise.store import schema as s
+from stalewise.store.store import Store
+
+REASON = "aborted: the orchestrator stopped before this finished (resumed run)"
+
+
+def recover_run(store: Store, run_id: str) -> dict[str, int]:
+    run = store.run(run_id)
+    if run is None:
+        raise ValueError(f"no run {run_id!r} in {store.url}; list runs with: stalewise audit runs "
+                         f"--url {store.url}")
+    if run.status == "finished":
+        raise ValueError(f"run {run_id} already finished; start a new run instead")
+    stamp = time.time()
+    t, g, sb = s.Trajectory.__table__, s.Group.__table__, s.SandboxRow.__table__
+    with store.engine.begin() as c:
+        aborted = c.execute(update(t).where(t.c.run_id == run_id,
+                                            t.c.status.in_(("queued", "running")))
+                            .values(status="aborted", error=REASON, finished_at=stamp)).rowcount
+        groups = c.execute(update(g).where(g.c.run_id == run_id, g.c.status == "open")
+                           .values(status="aborted", completed_at=stamp)).rowcount
+        c.execute(update(sb).where(sb.c.run_id == run_id, sb.c.status == "live")
+                  .values(status="orphaned", released_at=stamp))
+    store.set_run_status(run_id, "running", pid=os.getpid())
+    return {"aborted_trajectories": aborted, "aborted_groups": groups}

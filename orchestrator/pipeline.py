@@ -342,8 +342,18 @@ class Pipeline:
     async def _abort_unfinished(self, reason: str) -> None:
         if not self.unfinished:
             return
-        stamp = time.time()
+        values = dict(status="aborted", error=reason, finished_at=time.time())
         ids = sorted(self.unfinished)
-        await anyio.to_thread.run_sync(lambda: [self.store.update_trajectory(
-            tid, status="aborted", error=reason, finished_at=stamp) for tid in ids])
         self.unfinished.clear()
+        written = False
+        with anyio.move_on_after(10):
+            try:  # through the writer, so it lands after the rows it still holds for them
+                for tid in ids:
+                    await self.writer.put_trajectory_update(tid, values)
+                await self.writer.flush()
+                written = True
+            except RuntimeError:  # the writer has stopped (the job is failing)
+                pass
+        if not written:
+            await anyio.to_thread.run_sync(lambda: [self.store.update_trajectory(tid, **values)
+                                                    for tid in ids])

@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from learner.config import LearnerConfig
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -22,7 +26,7 @@ def _quiet_transformers() -> None:
     logging.disable_progress_bar()
 
 
-def load_learner_config(path: Path | None, overrides: dict | None = None):
+def load_learner_config(path: Path | None, overrides: dict | None = None) -> LearnerConfig:
     """LearnerConfig from a TOML file (top level, or its [learner] table) plus overrides."""
     from pydantic import ValidationError
 
@@ -65,7 +69,9 @@ def _read_demonstrations(path: Path) -> list[tuple[list[int], list[int]]]:
     return demos
 
 
-def _suite_demonstrations(suite: str, count: int, tokenizer, seed: int):
+def _suite_demonstrations(
+    suite: str, count: int, tokenizer: object, seed: int
+) -> list[tuple[list[int], list[int]]]:
     """(token_ids, loss_mask) of a task family's demonstrations in the checkpoint's chat format."""
     from tasks import demonstration_samples, load_family
     from tasks.chat import make_chat_format

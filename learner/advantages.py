@@ -1,0 +1,182 @@
+"""Advantage estimators: group baselines (GRPO, Dr.GRPO, RLOO), GAE, DAPO's reward shaping.
+
+Pure functions of tensors; nothing here carries a gradient (outputs are detached).
+
+Guarantees:
+- `outcome_advantages`: a group of one member gets advantage exactly 0 under every estimator;
+  GRPO's std is the unbiased (n - 1) group std; `dr_grpo` = (n - 1) / n * `rloo` for a group
+  of size n.
+- `gae`: positions with mask 0 (tool output, prompt, padding) are skipped, not treated as
+  steps: the TD error of a loss token bootstraps from the value of the next loss token of the
+  same row, and the last loss token of a row is terminal. Advantages and returns are 0 at
+  masked positions. Whitening uses the masked mean and the unbiased masked variance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from learner.config import OutcomeEstimator
+
+GroupIds = torch.Tensor | Sequence[object]
+
+
+def group_index(
+    group_ids_B: GroupIds, device: torch.device | None = None
+) -> tuple[torch.Tensor, int]:
+    """Dense group index (B,) in [0, G) and G, from a tensor or a sequence of hashable ids."""
+    if isinstance(group_ids_B, torch.Tensor):
+        if group_ids_B.dim() != 1:
+            raise ValueError(f"group_ids_B must be 1-D, got shape {tuple(group_ids_B.shape)}")
+        _, index = torch.unique(group_ids_B, return_inverse=True)
+        index = index.to(device) if device is not None else index
+        return index, int(index.max().item()) + 1 if index.numel() else 0
+    dense: dict[object, int] = {}
+    index_list = [dense.setdefault(g, len(dense)) for g in group_ids_B]
+    return torch.tensor(index_list, dtype=torch.long, device=device), len(dense)
+
+
+def _group_sums(values_B: torch.Tensor, index_B: torch.Tensor, groups: int) -> torch.Tensor:
+    return torch.zeros(groups, dtype=values_B.dtype, device=values_B.device).index_add_(
+        0, index_B, values_B
+    )
+
+
+def outcome_advantages(
+    rewards_B: torch.Tensor,
+    group_ids_B: GroupIds,
+    estimator: OutcomeEstimator | str,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Per-sequence advantages from outcome rewards and group membership.
+
+    grpo:    (r - group mean) / (unbiased group std + eps)
+    dr_grpo: r - group mean
+    rloo:    r_i - mean of the other members of i's group
+    """
+    if estimator not in ("grpo", "dr_grpo", "rloo"):
+        hint = (
+            " (gae needs per-token values: call learner.advantages.gae)"
+            if estimator == "gae"
+            else ""
+        )
+        raise ValueError(
+            f"unknown outcome estimator '{estimator}'; use grpo, dr_grpo or rloo{hint}"
+        )
+    if rewards_B.dim() != 1:
+        raise ValueError(f"rewards_B must be 1-D, got shape {tuple(rewards_B.shape)}")
+    rewards_B = rewards_B.detach().to(
+        torch.float64 if rewards_B.dtype == torch.float64 else torch.float32
+    )
+    index_B, groups = group_index(group_ids_B, rewards_B.device)
+    if index_B.shape != rewards_B.shape:
+        raise ValueError(
+            f"group_ids_B has {index_B.numel()} entries, rewards_B has {rewards_B.numel()}"
+        )
+    counts_G = _group_sums(torch.ones_like(rewards_B), index_B, groups)
+    sums_G = _group_sums(rewards_B, index_B, groups)
+    n_B = counts_G[index_B]
+    mean_B = (sums_G / counts_G)[index_B]
+    singleton_B = n_B < 2
+    if estimator == "dr_grpo":
+        advantages_B = rewards_B - mean_B
+    elif estimator == "rloo":
+        others_mean_B = (sums_G[index_B] - rewards_B) / (n_B - 1).clamp(min=1)
+        advantages_B = rewards_B - others_mean_B
+    else:
+        squares_G = _group_sums((rewards_B - mean_B) ** 2, index_B, groups)
+        std_B = torch.sqrt(squares_G / (counts_G - 1).clamp(min=1))[index_B]
+        advantages_B = (rewards_B - mean_B) / (std_B + eps)
+    return torch.where(singleton_B, torch.zeros_like(advantages_B), advantages_B)
+
+
+def masked_whiten(
+    values_B_T: torch.Tensor, mask_B_T: torch.Tensor, eps: float = 1e-8
+) -> torch.Tensor:
+    """(x - masked mean) / sqrt(unbiased masked variance + eps); 0 at masked positions."""
+    mask = mask_B_T.to(values_B_T.dtype)
+    count = mask.sum()
+    mean = (values_B_T * mask).sum() / count.clamp(min=1)
+    centered = (values_B_T - mean) * mask
+    if count < 2:
+        return centered
+    variance = (centered**2).sum() / (count - 1)
+    return centered * torch.rsqrt(variance + eps)
+
+
+@torch.no_grad()
+def gae(
+    token_rewards_B_T: torch.Tensor,
+    values_B_T: torch.Tensor,
+    mask_B_T: torch.Tensor,
+    gamma: float,
+    lam: float,
+    whiten: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation over the loss tokens of each row.
+
+    values_B_T[b, t] is V(state before token t). Returns (advantages_B_T, returns_B_T) where
+    returns are the unwhitened advantages plus values, the critic's regression target.
+    Rewards placed on masked positions would be silently lost, so they are an error.
+    """
+    if not (token_rewards_B_T.shape == values_B_T.shape == mask_B_T.shape):
+        raise ValueError(
+            f"gae: token_rewards {tuple(token_rewards_B_T.shape)}, values "
+            f"{tuple(values_B_T.shape)} and mask {tuple(mask_B_T.shape)} must match"
+        )
+    mask = mask_B_T.to(torch.bool)
+    rewards = token_rewards_B_T.to(values_B_T.dtype)
+    if bool((rewards[~mask] != 0).any()):
+        raise ValueError(
+            "gae: a non-zero reward sits on a masked position; put each reward on a "
+            "loss token (e.g. the last sampled token of the trajectory)"
+        )
+    batch, length = values_B_T.shape
+    advantages = torch.zeros_like(values_B_T)
+    next_value = torch.zeros(batch, dtype=values_B_T.dtype, device=values_B_T.device)
+    running = torch.zeros_like(next_value)
+    for t in range(length - 1, -1, -1):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values_B_T[:, t]
+        step = delta + gamma * lam * running
+        running = torch.where(m, step, running)
+        next_value = torch.where(m, values_B_T[:, t], next_value)
+        advantages[:, t] = torch.where(m, step, torch.zeros_like(step))
+    returns = torch.where(mask, advantages + values_B_T, torch.zeros_like(advantages))
+    if whiten:
+        advantages = masked_whiten(advantages, mask)
+    return advantages, returns
+
+
+def overlong_penalty(
+    lengths_B: torch.Tensor, max_len: int, cache_len: int, factor: float = 1.0
+) -> torch.Tensor:
+    """DAPO soft overlong punishment: 0 up to max_len - cache_len, then linear to -factor at
+    max_len, -factor beyond."""
+    if not 0 < cache_len <= max_len:
+        raise ValueError(
+            f"overlong_penalty: need 0 < cache_len <= max_len, got cache_len="
+            f"{cache_len}, max_len={max_len}"
+        )
+    lengths = lengths_B.to(torch.float32)
+    start = float(max_len - cache_len)
+    ramp = (start - lengths) / cache_len * factor
+    penalty = torch.where(lengths <= start, torch.zeros_like(lengths), ramp)
+    return torch.where(lengths > max_len, torch.full_like(lengths, -factor), penalty)
+
+
+def zero_variance_groups(rewards_B: torch.Tensor, group_ids_B: GroupIds) -> torch.Tensor:
+    """keep_B: True for members of groups whose rewards are not all equal.
+
+    A group of one member has zero variance and is not kept (its advantage is 0 anyway).
+    Equality is exact, as verifiers' rewards are.
+    """
+    index_B, groups = group_index(group_ids_B, rewards_B.device)
+    rewards = rewards_B.detach().to(torch.float64)
+    high = torch.full((groups,), -torch.inf, dtype=rewards.dtype, device=rewards.device)
+    low = torch.full((groups,), torch.inf, dtype=rewards.dtype, device=rewards.device)
+    high = high.scatter_reduce(0, index_B, rewards, reduce="amax")
+    low = low.scatter_reduce(0, index_B, rewards, reduce="amin")
+    return (high > low)[index_B]

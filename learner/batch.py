@@ -1,0 +1,344 @@
+"""What the trainer consumes: frozen per-trajectory samples and the sources that yield them.
+
+A `TrainingSample` is one admitted trajectory laid out as the model sees it: the full token
+sequence (prompt, sampled tokens, tool output, later turns) with, at every position t, whether
+token t is trained on and the behaviour log-probability the sampler gave it. Arrays all have
+length T (top-k arrays (T, K)), checked at construction; the record never changes.
+
+A `SampleSource` yields samples in admission-log order, each exactly once, resumable from a
+sequence number. `InMemorySource` and `JsonlSource` are here; the SQL admission-log source
+implements the same Protocol. No torch is imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from stalewise.records import SampledTokens
+
+GroupId = str | int
+
+
+def _frozen(array: Any, dtype: Any, name: str) -> np.ndarray:
+    try:
+        out = np.array(array, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"TrainingSample.{name}: cannot convert to {np.dtype(dtype).name}: {exc}"
+        ) from None
+    out.setflags(write=False)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class TrainingSample:
+    """One trajectory for the learner; every per-token array is aligned to token positions.
+
+    token_ids (T,)              the whole sequence, exactly as sampled / observed
+    loss_mask (T,)              1 where token t was sampled by the policy and is trained on
+    sampler_logprobs (T,)       log mu(token_ids[t] | token_ids[:t]) where loss_mask is 1
+    weights_versions (T,)       policy version that sampled token t (-1 off the mask)
+    sampler_topk_ids/_logprobs  (T, K) the sampler's top-k at position t, optional
+    reward                      outcome reward of the trajectory
+    group_id                    samples of the same task instance share it (group baselines)
+    trajectory_id, sequence     provenance; `sequence` is the admission-log number (>= 1)
+    """
+
+    token_ids: np.ndarray
+    loss_mask: np.ndarray
+    sampler_logprobs: np.ndarray
+    weights_versions: np.ndarray
+    reward: float
+    group_id: GroupId
+    trajectory_id: GroupId
+    sequence: int = 0
+    sampler_topk_ids: np.ndarray | None = None
+    sampler_topk_logprobs: np.ndarray | None = None
+    length: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "token_ids", _frozen(self.token_ids, np.int64, "token_ids"))
+        set_(self, "loss_mask", _frozen(self.loss_mask, np.bool_, "loss_mask"))
+        set_(
+            self, "sampler_logprobs", _frozen(self.sampler_logprobs, np.float32, "sampler_logprobs")
+        )
+        set_(self, "weights_versions", _frozen(self.weights_versions, np.int64, "weights_versions"))
+        length = int(self.token_ids.shape[0]) if self.token_ids.ndim == 1 else -1
+        if length < 1:
+            raise ValueError(
+                f"TrainingSample {self.trajectory_id}: token_ids must be a non-empty "
+                f"1-D sequence, got shape {self.token_ids.shape}"
+            )
+        for name in ("loss_mask", "sampler_logprobs", "weights_versions"):
+            if getattr(self, name).shape != (length,):
+                raise ValueError(
+                    f"TrainingSample {self.trajectory_id}: {name} has shape "
+                    f"{getattr(self, name).shape}, expected ({length},) like token_ids"
+                )
+        if self.loss_mask[0]:
+            raise ValueError(
+                f"TrainingSample {self.trajectory_id}: loss_mask[0] is 1, but the first "
+                "token has no prefix to be predicted from; start with the prompt"
+            )
+        if not np.all(np.isfinite(self.sampler_logprobs[self.loss_mask])):
+            raise ValueError(
+                f"TrainingSample {self.trajectory_id}: sampler_logprobs must be finite "
+                "on every loss token (the engine records log mu of each sampled token)"
+            )
+        if not math.isfinite(float(self.reward)):
+            raise ValueError(
+                f"TrainingSample {self.trajectory_id}: reward {self.reward} is not finite"
+            )
+        set_(self, "reward", float(self.reward))
+        if (self.sampler_topk_ids is None) != (self.sampler_topk_logprobs is None):
+            raise ValueError(
+                f"TrainingSample {self.trajectory_id}: sampler_topk_ids and "
+                "sampler_topk_logprobs must be given together"
+            )
+        if self.sampler_topk_ids is not None:
+            ids = _frozen(self.sampler_topk_ids, np.int64, "sampler_topk_ids")
+            lps = _frozen(self.sampler_topk_logprobs, np.float32, "sampler_topk_logprobs")
+            if ids.ndim != 2 or ids.shape[0] != length or ids.shape != lps.shape:
+                raise ValueError(
+                    f"TrainingSample {self.trajectory_id}: sampler top-k ids {ids.shape} "
+                    f"and log-probs {lps.shape} must both be ({length}, K)"
+                )
+            set_(self, "sampler_topk_ids", ids)
+            set_(self, "sampler_topk_logprobs", lps)
+        set_(self, "length", length)
+
+    @property
+    def topk(self) -> int:
+        return 0 if self.sampler_topk_ids is None else int(self.sampler_topk_ids.shape[1])
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "token_ids": self.token_ids.tolist(),
+            "loss_mask": self.loss_mask.astype(int).tolist(),
+            "sampler_logprobs": self.sampler_logprobs.tolist(),
+            "weights_versions": self.weights_versions.tolist(),
+            "reward": self.reward,
+            "group_id": self.group_id,
+            "trajectory_id": self.trajectory_id,
+            "sequence": self.sequence,
+        }
+        if self.sampler_topk_ids is not None:
+            out["sampler_topk_ids"] = self.sampler_topk_ids.tolist()
+            out["sampler_topk_logprobs"] = [
+                [x if math.isfinite(x) else None for x in row]
+                for row in self.sampler_topk_logprobs.tolist()
+            ]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrainingSample:
+        required = (
+            "token_ids",
+            "loss_mask",
+            "sampler_logprobs",
+            "weights_versions",
+            "reward",
+            "group_id",
+            "trajectory_id",
+        )
+        missing = [k for k in required if k not in data]
+        if missing:
+            raise ValueError(
+                f"sample is missing {', '.join(missing)}; every sample needs "
+                f"{', '.join(required)} (sequence, sampler_topk_* optional)"
+            )
+        unknown = (
+            set(data) - set(required) - {"sequence", "sampler_topk_ids", "sampler_topk_logprobs"}
+        )
+        if unknown:
+            raise ValueError(f"sample has unknown keys {sorted(unknown)}")
+        topk_lp = data.get("sampler_topk_logprobs")
+        if topk_lp is not None:
+            topk_lp = [[-math.inf if x is None else x for x in row] for row in topk_lp]
+        return cls(
+            token_ids=data["token_ids"],
+            loss_mask=data["loss_mask"],
+            sampler_logprobs=data["sampler_logprobs"],
+            weights_versions=data["weights_versions"],
+            reward=data["reward"],
+            group_id=data["group_id"],
+            trajectory_id=data["trajectory_id"],
+            sequence=int(data.get("sequence", 0)),
+            sampler_topk_ids=data.get("sampler_topk_ids"),
+            sampler_topk_logprobs=topk_lp,
+        )
+
+
+def sample_from_segments(
+    segments: Sequence[SampledTokens | Sequence[int] | np.ndarray],
+    *,
+    reward: float,
+    group_id: GroupId,
+    trajectory_id: GroupId,
+    sequence: int = 0,
+    trainable: bool = True,
+) -> TrainingSample:
+    """A trajectory's sample from its pieces in order: plain token ids are context (prompt, tool
+    output; loss mask 0), `SampledTokens` are model calls (loss mask 1, with their sampler
+    log-probs, versions and top-k). `trainable=False` zeroes the whole mask (a loss-masked
+    admission: the reward still counts in its group's baseline)."""
+    ids, mask, logprobs, versions, topk_ids, topk_lps = [], [], [], [], [], []
+    ks = {seg.topk for seg in segments if isinstance(seg, SampledTokens)}
+    k = min(ks) if ks else 0
+    for seg in segments:
+        if isinstance(seg, SampledTokens):
+            n = len(seg)
+            ids.append(np.asarray(seg.token_ids, np.int64))
+            mask.append(np.full(n, trainable))
+            logprobs.append(seg.sampler_logprobs)
+            versions.append(np.asarray(seg.weights_versions, np.int64))
+            if k:
+                topk_ids.append(np.asarray(seg.topk_ids[:, :k], np.int64))
+                topk_lps.append(seg.topk_logprobs[:, :k])
+        else:
+            context = np.asarray(seg, np.int64).reshape(-1)
+            n = len(context)
+            ids.append(context)
+            mask.append(np.zeros(n, bool))
+            logprobs.append(np.zeros(n, np.float32))
+            versions.append(np.full(n, -1, np.int64))
+            if k:
+                topk_ids.append(np.zeros((n, k), np.int64))
+                topk_lps.append(np.full((n, k), -np.inf, np.float32))
+    topk = {}
+    if k:
+        topk = dict(
+            sampler_topk_ids=np.concatenate(topk_ids),
+            sampler_topk_logprobs=np.concatenate(topk_lps),
+        )
+    return TrainingSample(
+        token_ids=np.concatenate(ids),
+        loss_mask=np.concatenate(mask),
+        sampler_logprobs=np.concatenate(logprobs),
+        weights_versions=np.concatenate(versions),
+        reward=reward,
+        group_id=group_id,
+        trajectory_id=trajectory_id,
+        sequence=sequence,
+        **topk,
+    )
+
+
+def demonstration(
+    token_ids: Sequence[int] | np.ndarray, loss_mask: Sequence[int] | np.ndarray, index: int = 0
+) -> TrainingSample:
+    """A supervised demonstration as a sample (no sampler data, reward 0, its own group)."""
+    n = len(token_ids)
+    return TrainingSample(
+        token_ids=token_ids,
+        loss_mask=loss_mask,
+        sampler_logprobs=np.zeros(n, np.float32),
+        weights_versions=np.full(n, -1),
+        reward=0.0,
+        group_id=f"demo-{index}",
+        trajectory_id=f"demo-{index}",
+        sequence=index + 1,
+    )
+
+
+class SampleSource(Protocol):
+    """Admitted trajectories in admission-log order, each exactly once."""
+
+    def read(self, after_sequence: int, limit: int) -> Sequence[TrainingSample]:
+        """Up to `limit` samples with sequence > after_sequence, in order; [] if none yet."""
+        ...
+
+    def finished(self, after_sequence: int) -> bool:
+        """True when no sample with sequence > after_sequence will ever be available."""
+        ...
+
+
+class InMemorySource:
+    """A fixed list of samples; sequence numbers 0 are replaced by positions 1, 2, ..."""
+
+    def __init__(self, samples: Iterable[TrainingSample]) -> None:
+        items = list(samples)
+        if items and all(s.sequence == 0 for s in items):
+            items = [replace(s, sequence=i + 1) for i, s in enumerate(items)]
+        sequences = [s.sequence for s in items]
+        if any(b <= a for a, b in zip(sequences, sequences[1:])) or any(q < 1 for q in sequences):
+            raise ValueError(
+                "InMemorySource: sequence numbers must be >= 1 and strictly increasing "
+                "(or all 0, to number the samples by position)"
+            )
+        self._samples = items
+        self._sequences = sequences
+
+    def read(self, after_sequence: int, limit: int) -> list[TrainingSample]:
+        start = int(
+            np.searchsorted(
+                np.asarray(self._sequences, dtype=np.int64), after_sequence, side="right"
+            )
+        )
+        return self._samples[start : start + limit]
+
+    def finished(self, after_sequence: int) -> bool:
+        return not self._sequences or after_sequence >= self._sequences[-1]
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+
+class JsonlSource(InMemorySource):
+    """Samples from a JSON-lines file, one `TrainingSample.to_json()` object per line."""
+
+    def __init__(self, path: str | Path) -> None:
+        path = Path(path)
+        samples = []
+        with path.open() as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    samples.append(TrainingSample.from_json(json.loads(line)))
+                except (ValueError, TypeError) as exc:
+                    raise ValueError(f"{path}:{number}: {exc}") from None
+        super().__init__(samples)
+
+
+def write_jsonl(samples: Iterable[TrainingSample], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        for sample in samples:
+            fh.write(json.dumps(sample.to_json()) + "\n")
+    return path
+
+
+def take_batch(source: SampleSource, after_sequence: int, batch_size: int) -> list[TrainingSample]:
+    """Up to batch_size samples after `after_sequence`, extended so that the run of samples
+    sharing the last sample's group_id is not split across two batches."""
+    batch = list(source.read(after_sequence, batch_size))
+    while batch and len(batch) >= batch_size:
+        more = source.read(batch[-1].sequence, batch_size)
+        same = [s for s in _prefix_of_group(more, batch[-1].group_id)]
+        batch.extend(same)
+        if len(same) < len(more) or not same:
+            break
+    return batch
+
+
+def _prefix_of_group(samples: Sequence[TrainingSample], group_id: GroupId) -> list[TrainingSample]:
+    out = []
+    for sample in samples:
+        if sample.group_id != group_id:
+            break
+        out.append(sample)
+    return out

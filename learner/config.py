@@ -1,0 +1,264 @@
+"""Typed learner configuration; pydantic only, no torch, so the job config can embed it.
+
+Every choice of the essay is a `Literal` field; users write these names in TOML. A model
+refuses unknown keys and inconsistent combinations with a message that says which value to
+change and to what. `learner.losses` re-exports `PolicyLossConfig` and `ScoreCenteringConfig`.
+
+Conventions that differ from verl or TRL are listed in docs/losses.md; the defaults here are
+PPO with a symmetric 0.2 clip, no dual clip, no behaviour correction and token-mean
+aggregation.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Surrogate = Literal["reinforce", "ppo", "gspo", "gspo_token", "cispo"]
+Correction = Literal["none", "tis", "mis"]
+CorrectionLevel = Literal["token", "sequence"]
+RatioBase = Literal["proximal", "current"]
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_sum_norm"]
+KlEstimator = Literal["k1", "k3"]
+Estimator = Literal["grpo", "dr_grpo", "rloo", "gae"]
+OutcomeEstimator = Literal["grpo", "dr_grpo", "rloo"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_norm_constant(owner: str, aggregation: str, norm_constant: float | None) -> None:
+    if aggregation == "seq_sum_norm" and norm_constant is None:
+        raise ValueError(
+            f"{owner}: aggregation 'seq_sum_norm' divides by S * norm_constant; set norm_constant "
+            "to a fixed number such as the maximum generation length (e.g. norm_constant = 1024)"
+        )
+
+
+def _check_weight_bounds(
+    owner: str, mode: str, low_name: str, low: float | None, high_name: str, high: float | None
+) -> None:
+    if mode == "tis" and high is None:
+        raise ValueError(
+            f"{owner}: truncated IS ('tis') caps the weight at {high_name}; set {high_name} "
+            f"(e.g. {high_name} = 2.0), and optionally {low_name} as a floor"
+        )
+    if mode == "mis" and low is None and high is None:
+        raise ValueError(
+            f"{owner}: masked IS ('mis') keeps tokens with {low_name} <= weight <= {high_name}; "
+            f"set at least one of them (IcePop uses {low_name} = 0.5, {high_name} = 2.0)"
+        )
+    if low is not None and high is not None and low >= high:
+        raise ValueError(f"{owner}: {low_name} ({low}) must be below {high_name} ({high})")
+
+
+class PolicyLossConfig(_Strict):
+    """The policy loss: surrogate, behaviour correction, aggregation and KL penalty."""
+
+    surrogate: Surrogate = Field("ppo", description="reinforce | ppo | gspo | gspo_token | cispo")
+    clip_low: float = Field(
+        0.2, ge=0.0, lt=1.0, description="ppo/gspo: ratio is clipped below at 1 - clip_low"
+    )
+    clip_high: float = Field(
+        0.2,
+        ge=0.0,
+        description="ppo/gspo: ratio is clipped above at 1 + clip_high "
+        "(DAPO's clip-higher uses 0.28)",
+    )
+    dual_clip: float | None = Field(
+        None,
+        gt=1.0,
+        description="ppo: for A < 0 the loss is at most -dual_clip * A; "
+        "None = off (verl's default is 3.0)",
+    )
+    cispo_low: float | None = Field(
+        None, ge=0.0, description="cispo: absolute floor of the detached ratio; None = none"
+    )
+    cispo_high: float = Field(5.0, gt=0.0, description="cispo: absolute cap of the detached ratio")
+    correction: Correction = Field("none", description="behaviour correction: none | tis | mis")
+    correction_level: CorrectionLevel = Field("token", description="token | sequence")
+    correction_low: float | None = Field(
+        None, ge=0.0, description="tis: optional floor; mis: lower keep bound"
+    )
+    correction_high: float | None = Field(
+        None, gt=0.0, description="tis: cap; mis: upper keep bound"
+    )
+    ratio_base: RatioBase = Field(
+        "proximal",
+        description="behaviour ratio from pi_old (proximal) or the detached current pi (current)",
+    )
+    masked_in_denominator: bool = Field(
+        True, description="tokens zeroed by mis still count in the aggregation's denominators"
+    )
+    aggregation: Aggregation = Field("token_mean", description="how per-token losses are combined")
+    norm_constant: float | None = Field(
+        None, gt=0.0, description="seq_sum_norm's constant (Dr.GRPO), e.g. max tokens"
+    )
+    kl_coef: float = Field(
+        0.0, ge=0.0, description="coefficient of the KL penalty to the reference"
+    )
+    kl_estimator: KlEstimator = Field("k3", description="k1 (log ratio) or k3 (low-variance, >= 0)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PolicyLossConfig:
+        _check_norm_constant("PolicyLossConfig", self.aggregation, self.norm_constant)
+        _check_weight_bounds(
+            "PolicyLossConfig",
+            self.correction,
+            "correction_low",
+            self.correction_low,
+            "correction_high",
+            self.correction_high,
+        )
+        if self.cispo_low is not None and self.cispo_low >= self.cispo_high:
+            raise ValueError(
+                f"PolicyLossConfig: cispo_low ({self.cispo_low}) must be below "
+                f"cispo_high ({self.cispo_high}); these are absolute ratio bounds"
+            )
+        if self.dual_clip is not None and self.surrogate != "ppo":
+            raise ValueError(
+                f"PolicyLossConfig: dual_clip applies to surrogate 'ppo' only; remove "
+                f"it or set surrogate = 'ppo' (got '{self.surrogate}')"
+            )
+        return self
+
+
+class ScoreCenteringConfig(_Strict):
+    """Score centering: subtract the sampler's expected score at every position."""
+
+    weight: Correction = Field(
+        "none", description="weight of pi_trainer/mu_sampler: none | tis | mis"
+    )
+    weight_low: float | None = Field(
+        None, ge=0.0, description="tis: optional floor; mis: lower bound"
+    )
+    weight_high: float | None = Field(None, gt=0.0, description="tis: cap; mis: upper bound")
+    aggregation: Aggregation = Field(
+        "token_mean",
+        description="use the policy loss's aggregation so the two "
+        "terms add up to the centered estimator",
+    )
+    norm_constant: float | None = Field(None, gt=0.0, description="seq_sum_norm's constant")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ScoreCenteringConfig:
+        _check_norm_constant("ScoreCenteringConfig", self.aggregation, self.norm_constant)
+        _check_weight_bounds(
+            "ScoreCenteringConfig",
+            self.weight,
+            "weight_low",
+            self.weight_low,
+            "weight_high",
+            self.weight_high,
+        )
+        return self
+
+
+class OverlongConfig(_Strict):
+    """DAPO soft overlong punishment added to the outcome reward."""
+
+    max_len: int = Field(..., gt=0, description="completion tokens at which the penalty is -factor")
+    cache_len: int = Field(
+        ..., gt=0, description="the penalty ramps over the last cache_len tokens"
+    )
+    factor: float = Field(1.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OverlongConfig:
+        if self.cache_len > self.max_len:
+            raise ValueError(
+                f"OverlongConfig: cache_len ({self.cache_len}) must not exceed "
+                f"max_len ({self.max_len})"
+            )
+        return self
+
+
+class AdvantageConfig(_Strict):
+    estimator: Estimator = Field(
+        "grpo", description="grpo | dr_grpo | rloo | gae (needs the critic)"
+    )
+    eps: float = Field(1e-6, gt=0.0, description="grpo: added to the group std")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="gae discount")
+    lam: float = Field(1.0, ge=0.0, le=1.0, description="gae lambda")
+    whiten: bool = Field(True, description="gae: whiten advantages over the batch's loss tokens")
+    overlong: OverlongConfig | None = Field(None, description="DAPO overlong penalty; None = off")
+    drop_zero_variance_groups: bool = Field(
+        False, description="drop groups whose rewards are all equal before the update"
+    )
+
+
+class OptimizerConfig(_Strict):
+    lr: float = Field(1e-5, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0.0)
+    max_grad_norm: float | None = Field(1.0, gt=0.0, description="None = no clipping")
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up of the lr over optimizer steps")
+
+
+class CriticConfig(_Strict):
+    """The value model for `gae`: the policy's trunk architecture with a scalar head."""
+
+    lr: float = Field(1e-4, gt=0.0)
+    loss_coef: float = Field(0.5, gt=0.0, description="multiplies the squared error")
+    value_clip: float | None = Field(None, gt=0.0, description="PPO value clipping; None = off")
+    max_grad_norm: float | None = Field(1.0, gt=0.0)
+
+
+class SftConfig(_Strict):
+    lr: float = Field(3e-3, gt=0.0)
+    steps: int = Field(100, ge=1)
+    batch_size: int = Field(8, ge=1, description="demonstrations per optimizer step")
+    micro_batch_size: int = Field(8, ge=1)
+    max_grad_norm: float | None = Field(1.0, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    seed: int = 0
+
+
+class LearnerConfig(_Strict):
+    """Everything the trainer process needs besides its model directory and data source."""
+
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
+    score_centering: ScoreCenteringConfig | None = Field(
+        None, description="score centering on top of the policy loss; needs sampler top-k"
+    )
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    sft: SftConfig = Field(default_factory=SftConfig)
+    batch_size: int = Field(32, ge=1, description="samples consumed per learner step")
+    mini_batch_size: int | None = Field(
+        None, ge=1, description="samples per optimizer step; None = the batch"
+    )
+    micro_batch_size: int = Field(8, ge=1, description="samples per forward/backward")
+    epochs: int = Field(1, ge=1, description="passes over each batch")
+    publish_every: int = Field(1, ge=1, description="publish weights every N learner steps")
+    reference_model: str | None = Field(
+        None, description="checkpoint for the KL reference; None = the starting checkpoint"
+    )
+    device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda'")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LearnerConfig:
+        if self.mini_batch_size is not None and self.mini_batch_size < self.micro_batch_size:
+            raise ValueError(
+                f"LearnerConfig: mini_batch_size ({self.mini_batch_size}) must be at "
+                f"least micro_batch_size ({self.micro_batch_size})"
+            )
+        sc = self.score_centering
+        if sc is not None and sc.aggregation != self.loss.aggregation:
+            raise ValueError(
+                f"LearnerConfig: score_centering.aggregation ('{sc.aggregation}') differs from "
+                f"loss.aggregation ('{self.loss.aggregation}'); set them equal so the correction "
+                "centers the policy gradient it is added to"
+            )
+        if sc is not None and sc.norm_constant != self.loss.norm_constant:
+            raise ValueError(
+                f"LearnerConfig: score_centering.norm_constant ({sc.norm_constant}) differs from "
+                f"loss.norm_constant ({self.loss.norm_constant}); set them equal"
+            )
+        return self

@@ -1,0 +1,522 @@
+"""Policy losses: surrogate, behaviour correction and aggregation, composed in one place.
+
+Pure functions of tensors. Three log-probabilities of the same sampled tokens meet here:
+
+- `trainer_logprobs` (log pi): the policy being updated; the only input with a gradient;
+- `proximal_logprobs` (log pi_old): the policy at the start of this learner step, recomputed
+  by the trainer without gradient (PPO's "old" policy);
+- `sampler_logprobs` (log mu): the behaviour policy, recorded by the engine at generation.
+
+`policy_loss` computes   per_token = surrogate(pi / pi_old, A) * w + kl_coef * KL_ref
+and aggregates it over the loss mask. w is the detached behaviour weight (TIS / MIS / none,
+token or sequence level, from pi_old / mu or sg(pi) / mu) and multiplies after clipping.
+`score_centering_loss` is an additive term: added to the policy loss it replaces each token's
+score grad log pi(y_t) by grad log pi(y_t) - E_{v ~ mu}[grad log pi(v)], with the expectation
+over the sampler's recorded top-k head and a tail modelled as the trainer's distribution
+rescaled to the sampler's tail mass, so only the k head tokens are gathered.
+
+Guarantees: masked positions contribute exactly zero value and zero gradient (NaN-safe);
+weights and clip decisions carry no gradient; every function returns `LossOutput` with
+namespaced metrics (`loss/...`, `score_centering/...`). Formulas and the conventions that
+differ from verl and TRL: docs/losses.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from learner.config import Aggregation, Correction, PolicyLossConfig, ScoreCenteringConfig
+
+__all__ = [
+    "LossOutput",
+    "PolicyLossConfig",
+    "ScoreCenteringConfig",
+    "aggregate",
+    "aggregation_denominator",
+    "behaviour_weights",
+    "policy_loss",
+    "score_centering_loss",
+    "token_entropy",
+]
+
+LOG_RATIO_CLAMP = 20.0
+TAIL_MASS_FLOOR = 1e-6
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """loss: scalar with gradient; per_token: (B, T) loss before aggregation, 0 off the mask;
+    metrics: detached floats with namespaced keys."""
+
+    loss: torch.Tensor
+    per_token: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+
+def aggregation_denominator(
+    mask_B_T: torch.Tensor, mode: Aggregation | str, norm_constant: float | None = None
+) -> torch.Tensor:
+    """The denominator `aggregate` divides by: N tokens, S sequences, or S * norm_constant.
+
+    S counts only sequences with at least one loss token. Exposed so a trainer that splits a
+    batch into micro-batches can divide every micro-batch by the whole batch's denominator.
+    """
+    mask = mask_B_T.to(torch.float32)
+    if mode == "token_mean":
+        return mask.sum()
+    sequences = (mask.sum(-1) > 0).to(torch.float32).sum()
+    if mode in ("seq_mean_token_mean", "seq_mean_token_sum"):
+        return sequences
+    if mode == "seq_sum_norm":
+        if norm_constant is None:
+            raise ValueError(
+                "aggregate: mode 'seq_sum_norm' needs norm_constant (the Dr.GRPO "
+                "constant, e.g. the maximum generation length)"
+            )
+        return sequences * float(norm_constant)
+    raise ValueError(
+        f"aggregate: unknown mode '{mode}'; use token_mean, seq_mean_token_mean, "
+        "seq_mean_token_sum or seq_sum_norm"
+    )
+
+
+def aggregate(
+    per_token_B_T: torch.Tensor,
+    mask_B_T: torch.Tensor,
+    mode: Aggregation | str,
+    norm_constant: float | None = None,
+    *,
+    denominator: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """Combine per-token losses into a scalar.
+
+    token_mean:          sum m*L / sum m
+    seq_mean_token_mean: (1/S) sum_i (sum_t m*L / n_i)
+    seq_mean_token_sum:  (1/S) sum_i sum_t m*L
+    seq_sum_norm:        sum m*L / (S * norm_constant)
+    With `denominator` given, it replaces N, S or S * norm_constant (micro-batching).
+    An empty mask gives 0 (with a graph, so backward works).
+    """
+    if per_token_B_T.shape != mask_B_T.shape:
+        raise ValueError(
+            f"aggregate: per_token {tuple(per_token_B_T.shape)} and mask "
+            f"{tuple(mask_B_T.shape)} differ in shape"
+        )
+    mask = mask_B_T.to(torch.bool)
+    masked = torch.where(mask, per_token_B_T, torch.zeros_like(per_token_B_T))
+    if mode == "seq_mean_token_mean":
+        lengths_B = mask.sum(-1).clamp(min=1).to(per_token_B_T.dtype)
+        numerator = (masked.sum(-1) / lengths_B).sum()
+    else:
+        numerator = masked.sum()
+    if denominator is None:
+        denominator = aggregation_denominator(mask, mode, norm_constant)
+    else:
+        aggregation_denominator(mask, mode, norm_constant)  # validates mode / norm_constant
+    denominator = torch.as_tensor(
+        denominator, dtype=per_token_B_T.dtype, device=per_token_B_T.device
+    )
+    return numerator / torch.where(denominator > 0, denominator, torch.ones_like(denominator))
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _check_shapes(**tensors: torch.Tensor) -> torch.Size:
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    first = next(iter(tensors.values())).shape
+    if len(first) != 2 or any(t.shape != first for t in tensors.values()):
+        raise ValueError(f"expected tensors of one (B, T) shape, got {shapes}")
+    return first
+
+
+def _advantages_B_T(advantages: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    advantages = advantages.detach()
+    if advantages.shape == shape:
+        return advantages
+    if advantages.dim() == 1 and advantages.shape[0] == shape[0]:
+        return advantages[:, None].expand(shape)
+    raise ValueError(
+        f"advantages must have shape (B,) = ({shape[0]},) or (B, T) = "
+        f"{tuple(shape)}, got {tuple(advantages.shape)}"
+    )
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.to(values.dtype)
+    return (values * m).sum() / m.sum().clamp(min=1)
+
+
+def _log_bound(bound: float | None, default: float) -> float:
+    if bound is None:
+        return default
+    return math.log(bound) if bound > 0 else -math.inf
+
+
+def _correction_weights(
+    mode: Correction | str, log_rho: torch.Tensor, low: float | None, high: float | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(weights, keep, floored, capped) from a detached log ratio; computed in log space."""
+    ones = torch.ones_like(log_rho, dtype=torch.bool)
+    if mode == "none":
+        return torch.ones_like(log_rho), ones, ~ones, ~ones
+    log_low, log_high = _log_bound(low, -math.inf), _log_bound(high, math.inf)
+    if mode == "tis":
+        capped = log_rho > log_high
+        floored = log_rho < log_low
+        weights = torch.exp(log_rho.clamp(min=log_low, max=log_high))
+        return weights, ones, floored, capped
+    if mode == "mis":
+        keep = (log_rho >= log_low) & (log_rho <= log_high)
+        weights = torch.where(
+            keep, torch.exp(log_rho.clamp(max=LOG_RATIO_CLAMP)), torch.zeros_like(log_rho)
+        )
+        return weights, keep, ~ones, ~ones
+    raise ValueError(f"unknown correction '{mode}'; use none, tis or mis")
+
+
+def _weight_metrics(
+    prefix: str, weights: torch.Tensor, units: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Mean, max and effective-sample-size fraction (sum w)^2 / (n sum w^2) over `units`."""
+    w = torch.where(units, weights, torch.zeros_like(weights))
+    n = units.sum().clamp(min=1).to(w.dtype)
+    total, squares = w.sum(), (w * w).sum()
+    ess = torch.where(squares > 0, total * total / (n * squares), torch.zeros_like(total))
+    return {
+        f"{prefix}weight_mean": total / n,
+        f"{prefix}weight_max": w.max() if w.numel() else torch.zeros(()),
+        f"{prefix}ess": ess,
+    }
+
+
+def _kl_metrics(
+    prefix: str, log_ratio: torch.Tensor, mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """k1 and k3 estimates of KL(q || p) from log_ratio = log p - log q at tokens drawn from q."""
+    log_ratio = torch.where(mask, log_ratio, torch.zeros_like(log_ratio)).clamp(
+        -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP
+    )
+    return {
+        f"{prefix}_k1": _masked_mean(-log_ratio, mask),
+        f"{prefix}_k3": _masked_mean(torch.expm1(log_ratio) - log_ratio, mask),
+    }
+
+
+def _floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
+    if not metrics:
+        return {}
+    values = torch.stack([v.detach().to(torch.float64).reshape(()).cpu() for v in metrics.values()])
+    return dict(zip(metrics.keys(), values.tolist()))
+
+
+def token_entropy(
+    logits_B_T_V: torch.Tensor, logsumexp_B_T: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Entropy of softmax(logits) at every position, without gradient."""
+    with torch.no_grad():
+        logits = logits_B_T_V.float()
+        lse = torch.logsumexp(logits, -1) if logsumexp_B_T is None else logsumexp_B_T.float()
+        probs = torch.exp(logits - lse[..., None])
+        return lse - (probs * logits).sum(-1)
+
+
+# ----------------------------------------------------------------------------- policy loss
+
+
+def behaviour_weights(
+    trainer_logprobs_B_T: torch.Tensor,
+    proximal_logprobs_B_T: torch.Tensor,
+    sampler_logprobs_B_T: torch.Tensor,
+    mask_B_T: torch.Tensor,
+    cfg: PolicyLossConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Detached behaviour weights of `cfg.correction`.
+
+    Returns (weights_B_T, keep_B_T, floored_B_T, capped_B_T). The log ratio is
+    log pi_old - log mu (`ratio_base = proximal`) or sg(log pi) - log mu (`current`), summed
+    over the row's loss tokens at `correction_level = sequence`. keep is False where `mis`
+    zeroes a token (its whole row at sequence level).
+    """
+    mask = mask_B_T.to(torch.bool)
+    base = proximal_logprobs_B_T if cfg.ratio_base == "proximal" else trainer_logprobs_B_T
+    log_rho = torch.where(
+        mask,
+        base.detach() - sampler_logprobs_B_T.detach(),
+        torch.zeros_like(sampler_logprobs_B_T, dtype=base.dtype),
+    )
+    if cfg.correction_level == "sequence":
+        log_rho = log_rho.sum(-1, keepdim=True).expand_as(log_rho)
+    return _correction_weights(cfg.correction, log_rho, cfg.correction_low, cfg.correction_high)
+
+
+def _clipped_ratio_loss(
+    ratio: torch.Tensor, adv: torch.Tensor, low: float, high: float, dual_clip: float | None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - low, 1.0 + high)
+    per_token = torch.maximum(unclipped, clipped)
+    r = ratio.detach()
+    flags = {"clip_low": (r < 1.0 - low) & (adv < 0), "clip_high": (r > 1.0 + high) & (adv > 0)}
+    if dual_clip is not None:
+        bound = -adv * dual_clip
+        flags["dual_clip"] = (adv < 0) & (r > dual_clip)
+        per_token = torch.where(adv < 0, torch.minimum(per_token, bound), per_token)
+    return per_token, flags
+
+
+def _surrogate(
+    cfg: PolicyLossConfig,
+    trainer: torch.Tensor,
+    proximal: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token surrogate loss (before weights), the ratio it used, and its clip flags."""
+    log_ratio = torch.where(mask, trainer - proximal, torch.zeros_like(trainer))
+    log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if cfg.surrogate == "reinforce":
+        return -adv * trainer, torch.exp(log_ratio.detach()), {}
+    if cfg.surrogate == "ppo":
+        ratio = torch.exp(log_ratio)
+        per_token, flags = _clipped_ratio_loss(
+            ratio, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip
+        )
+        return per_token, ratio, flags
+    if cfg.surrogate == "cispo":
+        ratio = torch.exp(log_ratio.detach())
+        weight = ratio.clamp(min=cfg.cispo_low, max=cfg.cispo_high)
+        flags = {"clip_high": ratio > cfg.cispo_high}
+        if cfg.cispo_low is not None:
+            flags["clip_low"] = ratio < cfg.cispo_low
+        return -weight * adv * trainer, ratio, flags
+    if cfg.surrogate in ("gspo", "gspo_token"):
+        lengths_B = mask.sum(-1, keepdim=True).clamp(min=1).to(trainer.dtype)
+        log_s = (log_ratio.sum(-1, keepdim=True) / lengths_B).clamp(
+            -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP
+        )
+        if cfg.surrogate == "gspo":
+            ratio = torch.exp(log_s).expand_as(trainer)
+        else:
+            ratio = torch.exp(log_s.detach() + trainer - trainer.detach())
+        per_token, flags = _clipped_ratio_loss(ratio, adv, cfg.clip_low, cfg.clip_high, None)
+        return per_token, ratio, flags
+    raise ValueError(
+        f"unknown surrogate '{cfg.surrogate}'; use reinforce, ppo, gspo, gspo_token or cispo"
+    )
+
+
+def _reference_kl(trainer: torch.Tensor, reference: torch.Tensor, estimator: str) -> torch.Tensor:
+    log_ratio = (reference.detach() - trainer).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if estimator == "k1":
+        return -log_ratio
+    if estimator == "k3":
+        return torch.expm1(log_ratio) - log_ratio
+    raise ValueError(f"unknown kl_estimator '{estimator}'; use k1 or k3")
+
+
+def policy_loss(
+    trainer_logprobs_B_T: torch.Tensor,
+    proximal_logprobs_B_T: torch.Tensor,
+    sampler_logprobs_B_T: torch.Tensor,
+    advantages: torch.Tensor,
+    mask_B_T: torch.Tensor,
+    cfg: PolicyLossConfig,
+    *,
+    reference_logprobs_B_T: torch.Tensor | None = None,
+    entropy_B_T: torch.Tensor | None = None,
+    denominator: torch.Tensor | float | None = None,
+) -> LossOutput:
+    """The configured policy loss; gradient flows through `trainer_logprobs_B_T` only.
+
+    advantages: (B,) per sequence or (B, T) per token. `reference_logprobs_B_T` is required
+    when `cfg.kl_coef > 0`; `entropy_B_T` (from the logits) only feeds the metrics.
+    `denominator` overrides the aggregation denominator (see `aggregation_denominator`).
+    """
+    shape = _check_shapes(
+        trainer_logprobs=trainer_logprobs_B_T,
+        proximal_logprobs=proximal_logprobs_B_T,
+        sampler_logprobs=sampler_logprobs_B_T,
+        mask=mask_B_T,
+    )
+    mask = mask_B_T.to(torch.bool)
+    zero = torch.zeros((), dtype=trainer_logprobs_B_T.dtype, device=trainer_logprobs_B_T.device)
+    # off-mask entries (prompt, tool output, padding) may hold anything, even -inf or NaN
+    trainer = torch.where(mask, trainer_logprobs_B_T, zero)
+    proximal = torch.where(mask, proximal_logprobs_B_T.detach().to(trainer.dtype), zero)
+    sampler = torch.where(mask, sampler_logprobs_B_T.detach().to(trainer.dtype), zero)
+    adv = _advantages_B_T(advantages, shape).to(trainer.dtype)
+
+    surrogate_B_T, ratio, flags = _surrogate(cfg, trainer, proximal, adv, mask)
+    weights, keep, floored, capped = behaviour_weights(trainer, proximal, sampler, mask, cfg)
+    per_token = surrogate_B_T * weights
+    metrics: dict[str, torch.Tensor] = {}
+    if cfg.kl_coef > 0:
+        if reference_logprobs_B_T is None:
+            raise ValueError(
+                "policy_loss: kl_coef > 0 needs reference_logprobs_B_T (log-probs of "
+                "the sampled tokens under the reference model); or set kl_coef = 0"
+            )
+        reference = torch.where(mask, reference_logprobs_B_T.detach().to(trainer.dtype), zero)
+        kl_ref = _reference_kl(trainer, reference, cfg.kl_estimator)
+        per_token = per_token + cfg.kl_coef * kl_ref
+        metrics["loss/kl_ref"] = _masked_mean(kl_ref.detach(), mask)
+    aggregation_mask = mask if cfg.masked_in_denominator else mask & keep
+    per_token = torch.where(aggregation_mask, per_token, torch.zeros_like(per_token))
+    loss = aggregate(
+        per_token, aggregation_mask, cfg.aggregation, cfg.norm_constant, denominator=denominator
+    )
+
+    with torch.no_grad():
+        units = mask
+        if cfg.correction_level == "sequence":
+            units = torch.zeros_like(mask)
+            units[:, 0] = mask.any(-1)
+        metrics.update(
+            {
+                "loss/policy": loss.detach(),
+                "loss/tokens": mask.sum().to(torch.float64),
+                "loss/clip_frac_low": _masked_mean(
+                    flags.get("clip_low", ~mask).to(trainer.dtype), mask
+                ),
+                "loss/clip_frac_high": _masked_mean(
+                    flags.get("clip_high", ~mask).to(trainer.dtype), mask
+                ),
+                "loss/masked_frac": _masked_mean((~keep).to(trainer.dtype), mask),
+                "loss/is_truncated_frac": _masked_mean((capped | floored).to(trainer.dtype), mask),
+                "loss/ratio_mean": _masked_mean(ratio.detach(), mask),
+                "loss/ratio_max": torch.where(mask, ratio.detach(), torch.zeros_like(ratio)).amax()
+                if mask.numel()
+                else torch.zeros(()),
+                "loss/advantage_mean": _masked_mean(adv, mask),
+            }
+        )
+        if "dual_clip" in flags:
+            metrics["loss/dual_clip_frac"] = _masked_mean(
+                flags["dual_clip"].to(trainer.dtype), mask
+            )
+        metrics.update(_weight_metrics("loss/is_", weights, units))
+        metrics.update(_kl_metrics("loss/kl_sampler", trainer.detach() - sampler, mask))
+        metrics.update(_kl_metrics("loss/kl_proximal", trainer.detach() - proximal, mask))
+        if entropy_B_T is not None:
+            metrics["loss/entropy"] = _masked_mean(entropy_B_T.detach().to(trainer.dtype), mask)
+    return LossOutput(loss=loss, per_token=per_token, metrics=_floats(metrics))
+
+
+# ----------------------------------------------------------------------------- score centering
+
+
+def score_centering_loss(
+    trainer_logits_B_T_V: torch.Tensor,
+    sampled_ids_B_T: torch.Tensor,
+    sampler_logprobs_B_T: torch.Tensor,
+    sampler_topk_ids_B_T_K: torch.Tensor,
+    sampler_topk_logprobs_B_T_K: torch.Tensor,
+    advantages: torch.Tensor,
+    mask_B_T: torch.Tensor,
+    cfg: ScoreCenteringConfig,
+    *,
+    trainer_logsumexp_B_T: torch.Tensor | None = None,
+    compute_entropy: bool = True,
+    denominator: torch.Tensor | float | None = None,
+) -> LossOutput:
+    """The score-centering term; add it to the policy loss.
+
+    At each loss position with head H (the sampler's recorded top-k, entries with log-prob
+    -inf are padding) and tail masses m_mu = 1 - sum_H mu, m_pi = 1 - sum_H pi:
+
+        c_v = mu(v) - (m_mu / m_pi) * pi(v)           for v in H   (detached)
+        per_token = w * A * sum_{v in H} c_v * log pi(v)
+
+    so that grad(per_token) = w * A * E_{v ~ mu_hat}[grad log pi(v)] where mu_hat is mu on the
+    head and pi rescaled to mass m_mu on the tail; the tail terms cancel because
+    sum_v pi(v) grad log pi(v) = 0. Added to a REINFORCE term -A log pi(y) it centers the score.
+    w is `cfg.weight` applied to the detached ratio pi(y)/mu(y) of the sampled token y.
+    Gradient flows through the logits only. Pass the trainer's `trainer_logsumexp_B_T` to
+    reuse it; m_pi is floored at 1e-6 (float32 cannot resolve smaller tail masses).
+    """
+    shape = _check_shapes(
+        sampled_ids=sampled_ids_B_T, sampler_logprobs=sampler_logprobs_B_T, mask=mask_B_T
+    )
+    if trainer_logits_B_T_V.shape[:2] != shape:
+        raise ValueError(
+            f"score_centering_loss: logits {tuple(trainer_logits_B_T_V.shape)} do not "
+            f"start with the (B, T) = {tuple(shape)} of sampled_ids"
+        )
+    if (
+        sampler_topk_ids_B_T_K.shape != sampler_topk_logprobs_B_T_K.shape
+        or sampler_topk_ids_B_T_K.shape[:2] != shape
+    ):
+        raise ValueError(
+            f"score_centering_loss: sampler top-k ids "
+            f"{tuple(sampler_topk_ids_B_T_K.shape)} and log-probs "
+            f"{tuple(sampler_topk_logprobs_B_T_K.shape)} must both be (B, T, K) with "
+            f"(B, T) = {tuple(shape)}; record top-k with SamplingParams.logprobs_topk"
+        )
+    mask = mask_B_T.to(torch.bool)
+    logits = trainer_logits_B_T_V
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    lse = (
+        torch.logsumexp(logits.to(dtype), -1)
+        if trainer_logsumexp_B_T is None
+        else trainer_logsumexp_B_T.to(dtype)
+    )
+    head_logp = logits.gather(-1, sampler_topk_ids_B_T_K.long()).to(dtype) - lse[..., None]
+    adv = _advantages_B_T(advantages, shape).to(dtype)
+
+    with torch.no_grad():
+        valid = torch.isfinite(sampler_topk_logprobs_B_T_K) & mask[..., None]
+        mu_head = torch.where(
+            valid,
+            torch.exp(sampler_topk_logprobs_B_T_K.to(dtype)),
+            torch.zeros((), dtype=dtype, device=logits.device),
+        )
+        head_logp_sg = torch.where(
+            valid, head_logp.detach(), torch.full_like(head_logp, -torch.inf)
+        )
+        head_mass_pi = torch.exp(torch.logsumexp(head_logp_sg, -1))
+        tail_mu = (1.0 - mu_head.sum(-1)).clamp(min=0.0)
+        tail_pi = (-torch.expm1(torch.logsumexp(head_logp_sg, -1).clamp(max=0.0))).clamp(
+            min=TAIL_MASS_FLOOR
+        )
+        pi_head = torch.exp(head_logp_sg)
+        coef = torch.where(
+            valid, mu_head - (tail_mu / tail_pi)[..., None] * pi_head, torch.zeros_like(mu_head)
+        )
+        sampled_logp = (
+            logits.detach().gather(-1, sampled_ids_B_T.long()[..., None]).squeeze(-1).to(dtype)
+            - lse.detach()
+        )
+        log_rho = torch.where(
+            mask, sampled_logp - sampler_logprobs_B_T.to(dtype), torch.zeros_like(sampled_logp)
+        )
+        weights, keep, floored, capped = _correction_weights(
+            cfg.weight, log_rho, cfg.weight_low, cfg.weight_high
+        )
+
+    expected_score = (coef * torch.where(valid, head_logp, torch.zeros_like(head_logp))).sum(-1)
+    per_token = torch.where(mask, weights * adv * expected_score, torch.zeros_like(expected_score))
+    loss = aggregate(per_token, mask, cfg.aggregation, cfg.norm_constant, denominator=denominator)
+
+    with torch.no_grad():
+        metrics = {
+            "score_centering/loss": loss.detach(),
+            "score_centering/clip_frac_low": _masked_mean(floored.to(dtype), mask),
+            "score_centering/clip_frac_high": _masked_mean(capped.to(dtype), mask),
+            "score_centering/masked_frac": _masked_mean((~keep).to(dtype), mask),
+            "score_centering/head_mass_sampler": _masked_mean(mu_head.sum(-1), mask),
+            "score_centering/head_mass_trainer": _masked_mean(head_mass_pi, mask),
+        }
+        metrics.update(_weight_metrics("score_centering/", weights, mask))
+        metrics.update(_kl_metrics("score_centering/kl_sampler", log_rho, mask))
+        if compute_entropy:
+            metrics["score_centering/entropy"] = _masked_mean(
+                token_entropy(logits, lse).to(dtype), mask
+            )
+    return LossOutput(loss=loss, per_token=per_token, metrics=_floats(metrics))

@@ -1,0 +1,97 @@
+"""The trainer's models: the policy (any local HF causal LM) and the optional critic.
+
+Position convention (the "shifted" space every loss works in): for a sequence of T tokens the
+logits at position t predict token t + 1, so per-token quantities have length T - 1 and entry
+j describes token j + 1 of the sequence. `policy_outputs` returns the logits of positions
+0 .. T-2, their logsumexp and the log-probabilities of tokens 1 .. T-1, in float32 whatever
+the model dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_policy(path: str | Path, device: str = "cpu", dtype: str = "float32") -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(
+            f"{path} is not a Hugging Face checkpoint (no config.json); create "
+            f"the tiny model with `stalewise model init-tiny {path}`"
+        )
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    return model.to(device)
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The checkpoint's tokenizer exactly as its tokenizer.json defines it.
+
+    transformers 5's AutoTokenizer picks the tokenizer class from config.json's model_type and
+    may rebuild the pre-tokenizer (Qwen2's byte-level one drops the tiny character
+    tokenizer's whitespace); a checkpoint whose tokenizer_config names the generic backend
+    class is therefore loaded with that class.
+    """
+    import json
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    config_path = Path(path) / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    if config.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+@dataclass(frozen=True)
+class PolicyOutputs:
+    logits_B_T_V: torch.Tensor  # (B, T-1, V) float32, position j predicts token j + 1
+    logsumexp_B_T: torch.Tensor  # (B, T-1)
+    logprobs_B_T: torch.Tensor  # (B, T-1) log pi(token j + 1 | tokens <= j)
+
+
+def policy_outputs(
+    model: nn.Module, input_ids_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor
+) -> PolicyOutputs:
+    logits = (
+        model(input_ids=input_ids_B_T, attention_mask=attention_mask_B_T, use_cache=False)
+        .logits[:, :-1]
+        .float()
+    )
+    lse = torch.logsumexp(logits, -1)
+    targets = input_ids_B_T[:, 1:]
+    logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - lse
+    return PolicyOutputs(logits, lse, logprobs)
+
+
+class ValueModel(nn.Module):
+    """A critic: the policy checkpoint's trunk with a zero-initialised scalar head.
+
+    forward returns values (B, T-1) in the shifted space: entry j is V(state before token j+1).
+    """
+
+    def __init__(self, path: str | Path, dtype: str = "float32") -> None:
+        super().__init__()
+        from transformers import AutoModel
+
+        self.trunk = AutoModel.from_pretrained(str(path), dtype=DTYPES[dtype])
+        hidden = self.trunk.config.hidden_size
+        self.head = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(
+        self, input_ids_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor
+    ) -> torch.Tensor:
+        hidden = self.trunk(
+            input_ids=input_ids_B_T, attention_mask=attention_mask_B_T, use_cache=False
+        ).last_hidden_state
+        return self.head(hidden[:, :-1].float()).squeeze(-1)

@@ -1,0 +1,116 @@
+"""Weight publishing: write completely, then rename, then mark.
+
+`publish_version` writes safetensors weights, config.json and the tokenizer files (copied
+verbatim from the starting checkpoint) into a hidden temporary directory next to the target,
+fsyncs every file and the directory, renames it atomically to `<root>/v{version:06d}/` and
+fsyncs the root; only then does it call `mark_published(version, path)` (which inserts the
+policy_versions row). A reader that trusts
+only marked versions never sees a partial checkpoint; a crash leaves at most an unmarked
+temporary directory, which the next publish of that version removes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MarkPublished = Callable[[int, Path], None]
+
+
+def version_dir(root: str | Path, version: int) -> Path:
+    return Path(root) / f"v{version:06d}"
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+NOT_TOKENIZER = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
+MODEL_FILES = ("config.json", "generation_config.json", "stalewise.json")
+
+
+def tokenizer_files(directory: str | Path) -> list[Path]:
+    """The files of a checkpoint directory that are not weights, model config or our metadata."""
+    return sorted(
+        p
+        for p in Path(directory).iterdir()
+        if p.is_file()
+        and not p.name.startswith(".")
+        and p.name not in MODEL_FILES
+        and not p.name.endswith(NOT_TOKENIZER)
+    )
+
+
+def write_checkpoint(
+    model: Any,
+    tokenizer_dir: str | Path | None,
+    final_dir: str | Path,
+    metadata: dict[str, Any] | None = None,
+) -> Path:
+    """Write an HF checkpoint (safetensors) to final_dir atomically; final_dir must not exist.
+
+    The tokenizer files are copied byte for byte from `tokenizer_dir` (the checkpoint the
+    learner started from), never re-serialised, so what the engine loads is what was sampled
+    with."""
+    final_dir = Path(final_dir)
+    if final_dir.exists():
+        raise FileExistsError(
+            f"{final_dir} already exists; a published checkpoint is never "
+            "overwritten (choose a new version or directory)"
+        )
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final_dir.parent / f".tmp-{final_dir.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        if tokenizer_dir is not None:
+            for path in tokenizer_files(tokenizer_dir):
+                shutil.copyfile(path, tmp / path.name)
+        (tmp / "stalewise.json").write_text(
+            json.dumps({"written_at": time.time(), **(metadata or {})}, indent=1)
+        )
+        _fsync_tree(tmp)
+        os.rename(tmp, final_dir)
+        _fsync_dir(final_dir.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final_dir
+
+
+def publish_version(
+    model: Any,
+    tokenizer_dir: str | Path | None,
+    root: str | Path,
+    version: int,
+    mark_published: MarkPublished | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Path:
+    """Publish `version` under root (publish-then-mark); returns the version directory."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(f".tmp-v{version:06d}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    path = write_checkpoint(
+        model, tokenizer_dir, version_dir(root, version), {"version": version, **(metadata or {})}
+    )
+    if mark_published is not None:
+        mark_published(version, path)
+    return path

@@ -1,0 +1,538 @@
+"""The learner process's core: RL steps on admitted trajectories, and weight publishing.
+
+`Learner` owns the policy, its optimizer, the optional critic and KL reference; supervised
+warm starts on the same `Learner` are in `learner.sft`. One RL learner step, read top to
+bottom in `rl_step`:
+1. rewards (+ optional DAPO overlong penalty), optional removal of zero-variance groups;
+2. padded tensors with loss masks from the samples' per-token data;
+3. a no-grad pass at the current weights: proximal log-probs (pi_old), reference log-probs
+   (when kl_coef > 0), critic values (for gae);
+4. advantages (group baselines, or GAE from the critic's values);
+5. `epochs` passes; each mini-batch is one optimizer step, accumulated over micro-batches.
+   Every micro-batch divides by the whole mini-batch's aggregation denominator, so the
+   gradient equals the unsplit mini-batch's gradient whatever the micro-batch size;
+6. AdamW with gradient clipping and linear warm-up; the critic has its own AdamW;
+7. a `StepReport` with the loss diagnostics to every sink, then, every `publish_every`
+   steps, publish-then-mark of the next policy version.
+
+Guarantees: samples are consumed in sequence order, each once (`last_sequence` advances only
+after a completed step); the version a step trained from is in its report; a version is
+marked only after its directory is complete.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from learner.advantages import gae, outcome_advantages, overlong_penalty, zero_variance_groups
+from learner.batch import SampleSource, TrainingSample, take_batch
+from learner.config import LearnerConfig
+from learner.losses import (
+    aggregate,
+    aggregation_denominator,
+    behaviour_weights,
+    policy_loss,
+    score_centering_loss,
+    token_entropy,
+)
+from learner.metrics import MetricsSink, StepReport
+from learner.model import ValueModel, load_policy, load_tokenizer, policy_outputs
+from learner.publish import MarkPublished, publish_version
+from learner.tensors import PaddedBatch, collate
+
+SUMMED_PER_OPTIMIZER_STEP = ("loss/policy", "score_centering/loss", "critic/loss")
+
+
+class _MetricMean:
+    """Token-weighted mean over micro-batches; `*_max` keys take the max."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, metrics: dict[str, float], weight: float) -> None:
+        for key, value in metrics.items():
+            if key in SUMMED_PER_OPTIMIZER_STEP or key == "loss/tokens":
+                continue
+            if key.endswith("_max"):
+                self.sums[key] = max(self.sums.get(key, -math.inf), value)
+                self.weights[key] = 1.0
+            else:
+                self.sums[key] = self.sums.get(key, 0.0) + value * weight
+                self.weights[key] = self.weights.get(key, 0.0) + weight
+
+    def result(self) -> dict[str, float]:
+        return {
+            k: (v if k.endswith("_max") else v / max(self.weights[k], 1e-12))
+            for k, v in self.sums.items()
+        }
+
+
+def _cut(t: torch.Tensor | None, rows: slice, length: int) -> torch.Tensor | None:
+    return None if t is None else t[rows, :length]
+
+
+class Learner:
+    """Owns the policy, its optimizer, the optional critic and reference model."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        cfg: LearnerConfig,
+        *,
+        publish_root: str | Path | None = None,
+        mark_published: MarkPublished | None = None,
+        sinks: Sequence[MetricsSink] = (),
+        version: int = 0,
+        step: int = 0,
+        last_sequence: int = 0,
+    ) -> None:
+        torch.manual_seed(cfg.seed)
+        self.cfg = cfg
+        self.model_dir = Path(model_dir)
+        self.device = torch.device(cfg.device)
+        self.tokenizer = load_tokenizer(model_dir)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
+        self.policy = load_policy(model_dir, cfg.device, cfg.dtype)
+        opt = cfg.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(),
+            lr=opt.lr,
+            betas=opt.betas,
+            eps=opt.eps,
+            weight_decay=opt.weight_decay,
+        )
+        self.reference: torch.nn.Module | None = None
+        if cfg.loss.kl_coef > 0:
+            self.reference = load_policy(cfg.reference_model or model_dir, cfg.device, cfg.dtype)
+            self.reference.eval().requires_grad_(False)
+        self.critic: ValueModel | None = None
+        if cfg.advantage.estimator == "gae":
+            self.critic = ValueModel(model_dir, cfg.dtype).to(self.device)
+            self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic.lr)
+        self.publish_root = Path(publish_root) if publish_root is not None else None
+        self.mark_published = mark_published
+        self.sinks = list(sinks)
+        self.version = version
+        self.step = step
+        self.last_sequence = last_sequence
+        self.optimizer_steps = 0
+
+    # ------------------------------------------------------------------ RL
+    def rl_step(self, samples: Sequence[TrainingSample]) -> StepReport:
+        """One learner step on `samples` (a whole batch); returns its report."""
+        started = time.time()
+        consumed = list(samples)
+        if not consumed:
+            raise ValueError("rl_step: no samples")
+        kept, rewards, extra = self._rewards(consumed)
+        if not kept:  # every group had zero variance and was dropped: nothing to train on
+            report = StepReport(
+                step=self.step + 1,
+                mode="rl",
+                num_samples=0,
+                num_tokens=0,
+                loss=0.0,
+                policy_version=self.version,
+                metrics=extra,
+                first_seq=consumed[0].sequence,
+                last_seq=consumed[-1].sequence,
+                started_at=started,
+            )
+            return self._finish(report, consumed, updated=False)
+
+        batch = collate(
+            kept, self.pad_id, self.device, need_topk=self.cfg.score_centering is not None
+        )
+        t0 = time.perf_counter()
+        proximal, reference, old_values = self._no_grad_pass(batch)
+        t_proximal = time.perf_counter() - t0
+        advantages, returns = self._advantages(batch, rewards.to(self.device), old_values)
+
+        t0 = time.perf_counter()
+        mini = self.cfg.mini_batch_size or batch.size
+        totals = _MetricMean()
+        step_losses: list[dict[str, float]] = []
+        grad_norms: list[float] = []
+        for epoch in range(self.cfg.epochs):
+            for start in range(0, batch.size, mini):
+                rows = slice(start, min(start + mini, batch.size))
+                losses, grad_norm = self._optimizer_step(
+                    batch,
+                    rows,
+                    proximal,
+                    reference,
+                    old_values,
+                    advantages,
+                    returns,
+                    totals,
+                    first_update=epoch == 0 and start == 0,
+                )
+                step_losses.append(losses)
+                grad_norms.append(grad_norm)
+        t_update = time.perf_counter() - t0
+
+        metrics = {
+            **totals.result(),
+            **extra,
+            **self._step_metrics(batch, advantages, old_values, returns, step_losses, grad_norms),
+            "time/proximal_s": t_proximal,
+            "time/update_s": t_update,
+            "perf/tokens_per_s": self.cfg.epochs
+            * float(batch.attention_mask_B_T.sum())
+            / max(t_update, 1e-9),
+        }
+        report = StepReport(
+            step=self.step + 1,
+            mode="rl",
+            num_samples=batch.size,
+            num_tokens=int(batch.loss_mask.sum().item()),
+            loss=metrics.get("loss/policy", 0.0) + metrics.get("score_centering/loss", 0.0),
+            policy_version=self.version,
+            metrics=metrics,
+            first_seq=consumed[0].sequence,
+            last_seq=consumed[-1].sequence,
+            mean_lag=metrics.get("lag/mean"),
+            max_lag=int(metrics["lag/max"]) if "lag/max" in metrics else None,
+            started_at=started,
+        )
+        return self._finish(report, consumed, updated=True)
+
+    def _rewards(
+        self, samples: list[TrainingSample]
+    ) -> tuple[list[TrainingSample], torch.Tensor, dict[str, float]]:
+        """Rewards with the overlong penalty; drops zero-variance groups when configured."""
+        a = self.cfg.advantage
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        if a.overlong is not None:
+            lengths = torch.tensor([s.num_loss_tokens for s in samples])
+            rewards = rewards + overlong_penalty(
+                lengths, a.overlong.max_len, a.overlong.cache_len, a.overlong.factor
+            )
+        extra = {
+            "reward/mean": rewards.mean().item(),
+            "reward/std": rewards.std().item() if len(samples) > 1 else 0.0,
+        }
+        if a.drop_zero_variance_groups:
+            keep = zero_variance_groups(rewards, [s.group_id for s in samples])
+            extra["learner/zero_variance_dropped"] = float((~keep).sum().item())
+            samples = [s for s, k in zip(samples, keep.tolist()) if k]
+            rewards = rewards[keep]
+        return samples, rewards, extra
+
+    def _step_metrics(
+        self,
+        batch: PaddedBatch,
+        advantages: torch.Tensor,
+        old_values: torch.Tensor | None,
+        returns: torch.Tensor | None,
+        step_losses: list[dict[str, float]],
+        grad_norms: list[float],
+    ) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for key in SUMMED_PER_OPTIMIZER_STEP:
+            values = [d[key] for d in step_losses if key in d]
+            if values:
+                metrics[key] = sum(values) / len(values)
+        adv = self._masked(advantages, batch.loss_mask)
+        metrics.update(
+            {
+                "learner/grad_norm": sum(grad_norms) / len(grad_norms),
+                "learner/grad_norm_max": max(grad_norms),
+                "learner/lr": self.optimizer.param_groups[0]["lr"],
+                "learner/optimizer_steps": float(len(grad_norms)),
+                "learner/samples": float(batch.size),
+                "learner/loss_tokens": float(batch.loss_mask.sum()),
+                "learner/tokens": float(batch.attention_mask_B_T.sum()),
+                "advantage/mean": adv.mean().item() if adv.numel() else 0.0,
+                "advantage/abs_mean": adv.abs().mean().item() if adv.numel() else 0.0,
+            }
+        )
+        lag = (self.version - batch.weights_versions)[batch.loss_mask].float()
+        if lag.numel():
+            metrics["lag/mean"], metrics["lag/max"] = lag.mean().item(), lag.max().item()
+        if old_values is not None and returns is not None:
+            metrics["critic/explained_variance"] = self._explained_variance(
+                old_values, returns, batch.loss_mask
+            )
+        return metrics
+
+    @staticmethod
+    def _masked(values: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
+        if values.dim() == 1:
+            values = values[:, None].expand_as(mask_B_T)
+        return values[mask_B_T]
+
+    @staticmethod
+    def _explained_variance(
+        values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
+    ) -> float:
+        v, r = values[mask], returns[mask]
+        if r.numel() < 2 or r.var() == 0:
+            return 0.0
+        return (1.0 - (r - v).var() / r.var()).item()
+
+    @torch.no_grad()
+    def _no_grad_pass(
+        self, batch: PaddedBatch
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        mb = self.cfg.micro_batch_size
+        proximal, reference, values = [], [], []
+        self.policy.eval()
+        for start in range(0, batch.size, mb):
+            rows = slice(start, start + mb)
+            ids, attn = batch.input_ids_B_T[rows], batch.attention_mask_B_T[rows]
+            proximal.append(policy_outputs(self.policy, ids, attn).logprobs_B_T)
+            if self.reference is not None:
+                reference.append(policy_outputs(self.reference, ids, attn).logprobs_B_T)
+            if self.critic is not None:
+                values.append(self.critic(ids, attn).float())
+        self.policy.train()
+        cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
+        return cat(proximal), cat(reference), cat(values)
+
+    def _advantages(
+        self, batch: PaddedBatch, rewards_B: torch.Tensor, old_values: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        a = self.cfg.advantage
+        if a.estimator != "gae":
+            return outcome_advantages(rewards_B, list(batch.group_ids), a.estimator, a.eps), None
+        assert old_values is not None
+        mask = batch.loss_mask
+        token_rewards = torch.zeros_like(old_values)
+        positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+        last = torch.where(mask, positions, torch.full_like(positions, -1)).amax(-1)
+        has_tokens = last >= 0
+        rows = torch.arange(mask.shape[0], device=mask.device)[has_tokens]
+        token_rewards[rows, last[has_tokens]] = rewards_B[has_tokens]
+        values = torch.where(mask, old_values, torch.zeros_like(old_values))
+        return gae(token_rewards, values, mask, a.gamma, a.lam, a.whiten)
+
+    def _denominators(
+        self, batch: PaddedBatch, rows: slice, proximal: torch.Tensor, first_update: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        loss_cfg = self.cfg.loss
+        mask = batch.loss_mask[rows]
+        if not loss_cfg.masked_in_denominator and loss_cfg.correction == "mis":
+            current = proximal[rows]
+            if loss_cfg.ratio_base == "current" and not first_update:
+                sub = batch.rows(rows.start, rows.stop)
+                with torch.no_grad():
+                    current = policy_outputs(
+                        self.policy, sub.input_ids_B_T, sub.attention_mask_B_T
+                    ).logprobs_B_T
+                current = torch.nn.functional.pad(current, (0, mask.shape[1] - current.shape[1]))
+            _, keep, _, _ = behaviour_weights(
+                current, proximal[rows], batch.sampler_logprobs[rows], mask, loss_cfg
+            )
+            mask = mask & keep
+        policy_den = aggregation_denominator(mask, loss_cfg.aggregation, loss_cfg.norm_constant)
+        sc = self.cfg.score_centering
+        sc_den = (
+            None
+            if sc is None
+            else aggregation_denominator(batch.loss_mask[rows], sc.aggregation, sc.norm_constant)
+        )
+        return policy_den, sc_den
+
+    def _optimizer_step(
+        self,
+        batch: PaddedBatch,
+        rows: slice,
+        proximal: torch.Tensor,
+        reference: torch.Tensor | None,
+        old_values: torch.Tensor | None,
+        advantages: torch.Tensor,
+        returns: torch.Tensor | None,
+        totals: _MetricMean,
+        first_update: bool,
+    ) -> tuple[dict[str, float], float]:
+        cfg = self.cfg
+        policy_den, sc_den = self._denominators(batch, rows, proximal, first_update)
+        value_den = batch.loss_mask[rows].sum().clamp(min=1)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.critic is not None:
+            self.critic_optimizer.zero_grad(set_to_none=True)
+        losses: dict[str, float] = {}
+        for start in range(rows.start, rows.stop, cfg.micro_batch_size):
+            stop = min(start + cfg.micro_batch_size, rows.stop)
+            metrics = self.accumulate_gradients(
+                batch,
+                slice(start, stop),
+                proximal,
+                reference,
+                old_values,
+                advantages,
+                returns,
+                policy_den,
+                sc_den,
+                value_den,
+            )
+            for key in SUMMED_PER_OPTIMIZER_STEP:
+                if key in metrics:
+                    losses[key] = losses.get(key, 0.0) + metrics[key]
+            totals.add(metrics, weight=metrics.get("loss/tokens", 1.0))
+        grad_norm = self._clip_and_step()
+        return losses, grad_norm
+
+    def accumulate_gradients(
+        self,
+        batch: PaddedBatch,
+        rows: slice,
+        proximal: torch.Tensor,
+        reference: torch.Tensor | None,
+        old_values: torch.Tensor | None,
+        advantages: torch.Tensor,
+        returns: torch.Tensor | None,
+        policy_den: torch.Tensor,
+        sc_den: torch.Tensor | None,
+        value_den: torch.Tensor,
+    ) -> dict[str, float]:
+        """Forward and backward of one micro-batch; gradients add into .grad."""
+        cfg = self.cfg
+        sub = batch.rows(rows.start, rows.stop)
+        length = sub.loss_mask.shape[1]
+        out = policy_outputs(self.policy, sub.input_ids_B_T, sub.attention_mask_B_T)
+        adv = advantages[rows] if advantages.dim() == 1 else advantages[rows, :length]
+        loss_out = policy_loss(
+            out.logprobs_B_T,
+            _cut(proximal, rows, length),
+            sub.sampler_logprobs,
+            adv,
+            sub.loss_mask,
+            cfg.loss,
+            reference_logprobs_B_T=_cut(reference, rows, length),
+            entropy_B_T=token_entropy(out.logits_B_T_V, out.logsumexp_B_T),
+            denominator=policy_den,
+        )
+        total = loss_out.loss
+        metrics = dict(loss_out.metrics)
+        if cfg.score_centering is not None:
+            sc_out = score_centering_loss(
+                out.logits_B_T_V,
+                sub.input_ids_B_T[:, 1:],
+                sub.sampler_logprobs,
+                sub.topk_ids,
+                sub.topk_logprobs,
+                adv,
+                sub.loss_mask,
+                cfg.score_centering,
+                trainer_logsumexp_B_T=out.logsumexp_B_T,
+                compute_entropy=False,
+                denominator=sc_den,
+            )
+            total = total + sc_out.loss
+            metrics.update(sc_out.metrics)
+        total.backward()
+        if self.critic is not None:
+            assert old_values is not None and returns is not None
+            values = self.critic(sub.input_ids_B_T, sub.attention_mask_B_T)
+            value_loss = self._value_loss(
+                values,
+                _cut(old_values, rows, length),
+                _cut(returns, rows, length),
+                sub.loss_mask,
+                value_den,
+            )
+            (cfg.critic.loss_coef * value_loss).backward()
+            metrics["critic/loss"] = value_loss.item()
+        return metrics
+
+    def _value_loss(
+        self,
+        values: torch.Tensor,
+        old_values: torch.Tensor,
+        returns: torch.Tensor,
+        mask: torch.Tensor,
+        denominator: torch.Tensor,
+    ) -> torch.Tensor:
+        error = (values - returns) ** 2
+        clip = self.cfg.critic.value_clip
+        if clip is not None:
+            clipped = old_values + (values - old_values).clamp(-clip, clip)
+            error = torch.maximum(error, (clipped - returns) ** 2)
+        return aggregate(error, mask, "token_mean", denominator=denominator)
+
+    def _clip_and_step(self) -> float:
+        opt = self.cfg.optimizer
+        self.optimizer_steps += 1
+        if opt.warmup_steps:
+            scale = min(1.0, self.optimizer_steps / opt.warmup_steps)
+            for group in self.optimizer.param_groups:
+                group["lr"] = opt.lr * scale
+        norm = torch.nn.utils.clip_grad_norm_(
+            self.policy.parameters(), opt.max_grad_norm or math.inf
+        )
+        self.optimizer.step()
+        if self.critic is not None:
+            torch.nn.utils.clip_grad_norm_(
+                self.critic.parameters(), self.cfg.critic.max_grad_norm or math.inf
+            )
+            self.critic_optimizer.step()
+        return float(norm)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _finish(
+        self, report: StepReport, consumed: Sequence[TrainingSample], updated: bool
+    ) -> StepReport:
+        self.step = report.step
+        self.last_sequence = max(self.last_sequence, consumed[-1].sequence)
+        published_version, published_path = None, None
+        if updated and self.publish_root is not None and self.step % self.cfg.publish_every == 0:
+            published_path = str(
+                self.publish(metadata={"learner_step": self.step, "last_seq": self.last_sequence})
+            )
+            published_version = self.version
+        report = StepReport(
+            **{
+                **report.to_json(),
+                "published_version": published_version,
+                "published_path": published_path,
+                "finished_at": time.time(),
+            }
+        )
+        for sink in self.sinks:
+            sink.write(report)
+        return report
+
+    def publish(self, metadata: dict | None = None) -> Path:
+        """Publish the current weights as version + 1 (publish-then-mark)."""
+        if self.publish_root is None:
+            raise ValueError("publish: this learner has no publish_root")
+        path = publish_version(
+            self.policy,
+            self.model_dir,
+            self.publish_root,
+            self.version + 1,
+            self.mark_published,
+            metadata,
+        )
+        self.version += 1
+        return path
+
+    def run(
+        self,
+        source: SampleSource,
+        max_steps: int | None = None,
+        poll_s: float = 0.5,
+        stop_when_finished: bool = True,
+    ) -> list[StepReport]:
+        """Consume `source` batch by batch from `last_sequence`; a partial batch is trained on
+        only when the source says nothing more will come."""
+        reports = []
+        while max_steps is None or len(reports) < max_steps:
+            batch = take_batch(source, self.last_sequence, self.cfg.batch_size)
+            finished = source.finished(batch[-1].sequence if batch else self.last_sequence)
+            if not batch or (len(batch) < self.cfg.batch_size and not finished):
+                if finished and stop_when_finished:
+                    break
+                time.sleep(poll_s)
+                continue
+            reports.append(self.rl_step(batch))
+        return reports

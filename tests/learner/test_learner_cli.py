@@ -1,0 +1,129 @@
+"""Every `stalewise learner` command end to end on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.tiny import init_tiny
+from stalewise.cli import app
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("learner-cli")
+    init_tiny(root / "tiny", hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)
+    return root
+
+
+def _run(*args: str):
+    result = CliRunner().invoke(app, ["learner", *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_synth_data_then_train_publishes_versions(workdir):
+    out = _run(
+        "synth-data",
+        str(workdir / "tiny"),
+        str(workdir / "data"),
+        "--groups",
+        "2",
+        "--group-size",
+        "3",
+        "--max-new-tokens",
+        "6",
+        "--demos",
+        "4",
+    )
+    assert "wrote 6 RL samples" in out
+    config = workdir / "learner.toml"
+    config.write_text(
+        '[learner]\nmicro_batch_size = 2\n[learner.loss]\nsurrogate = "cispo"\n'
+        '[learner.score_centering]\nweight = "none"\n'
+    )
+    out = _run(
+        "train",
+        str(workdir / "tiny"),
+        "--data",
+        str(workdir / "data" / "rl_samples.jsonl"),
+        "--out",
+        str(workdir / "versions"),
+        "--config",
+        str(config),
+        "--batch-size",
+        "3",
+        "--lr",
+        "1e-3",
+    )
+    assert "2 learner steps on 6 samples; published versions [1, 2]" in out
+    assert (workdir / "versions" / "v000002" / "model.safetensors").exists()
+    rows = [
+        json.loads(line)
+        for line in (workdir / "versions" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in rows] == [1, 2] and "score_centering/loss" in rows[0]["metrics"]
+
+
+def test_sft_prints_the_loss_drop_and_writes_a_checkpoint(workdir):
+    out = _run(
+        "sft",
+        str(workdir / "tiny"),
+        "--out",
+        str(workdir / "sft"),
+        "--synthetic",
+        "8",
+        "--steps",
+        "15",
+        "--batch-size",
+        "4",
+        "--lr",
+        "5e-3",
+    )
+    line = out.strip().splitlines()[-1]
+    before, after = (float(x) for x in line.split("loss ")[1].split(" (")[0].split(" -> "))
+    assert after < before
+    assert (workdir / "sft" / "model.safetensors").exists()
+
+
+def test_sft_on_a_task_suite(workdir):
+    out = _run(
+        "sft",
+        str(workdir / "tiny"),
+        "--out",
+        str(workdir / "sft-arith"),
+        "--suite",
+        "arith",
+        "--count",
+        "4",
+        "--steps",
+        "6",
+        "--batch-size",
+        "2",
+        "--lr",
+        "5e-3",
+    )
+    assert "sft on 4 demonstrations" in out and (workdir / "sft-arith" / "config.json").exists()
+
+
+def test_bad_config_is_reported_with_the_field_and_fix(workdir):
+    config = workdir / "bad.toml"
+    config.write_text('[loss]\naggregation = "seq_sum_norm"\n')
+    result = CliRunner().invoke(
+        app,
+        [
+            "learner",
+            "train",
+            str(workdir / "tiny"),
+            "--data",
+            str(workdir / "missing.jsonl"),
+            "--out",
+            str(workdir / "x"),
+            "--config",
+            str(config),
+        ],
+    )
+    assert result.exit_code != 0
+    assert "norm_constant" in result.output

@@ -1,0 +1,232 @@
+"""The trainer on the tiny model: RL steps move log-probs the right way, micro-batching is
+exact, the critic learns, SFT lowers the demonstration loss, sources are consumed in order."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.tiny import init_tiny
+from learner.batch import InMemorySource, take_batch
+from learner.config import LearnerConfig
+from learner.model import load_tokenizer, policy_outputs
+from learner.sft import run_sft
+from learner.synthetic import sample_rl_batch, tool_call_demonstrations
+from learner.tensors import collate
+from learner.trainer import Learner
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("learner") / "tiny"
+    init_tiny(directory, hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def rl_samples(tiny):
+    learner = Learner(tiny, LearnerConfig())
+    prompts = ["Write 42.", "Count to 3.", "Say hi.", "Add 2 and 2."]
+    samples = sample_rl_batch(
+        learner.policy, learner.tokenizer, prompts, group_size=4, max_new_tokens=10, topk=8, seed=1
+    )
+    # reward variation in every group: half of each group succeeds
+    return [replace(s, reward=float(i % 2)) for i, s in enumerate(samples)]
+
+
+def _sequence_logprobs(learner: Learner, samples) -> torch.Tensor:
+    """Mean log-prob of each sample's loss tokens under the learner's current weights."""
+    batch = collate(samples, learner.pad_id)
+    with torch.no_grad():
+        lp = policy_outputs(
+            learner.policy, batch.input_ids_B_T, batch.attention_mask_B_T
+        ).logprobs_B_T
+    mask = batch.loss_mask.float()
+    return (lp * mask).sum(-1) / mask.sum(-1)
+
+
+def _config(**overrides) -> LearnerConfig:
+    base = dict(optimizer=dict(lr=3e-3, max_grad_norm=None), micro_batch_size=4, batch_size=16)
+    base.update(overrides)
+    return LearnerConfig.model_validate(base)
+
+
+@pytest.mark.parametrize("surrogate", ["reinforce", "ppo", "gspo", "gspo_token", "cispo"])
+def test_rl_step_raises_logprobs_of_positive_advantage_tokens(tiny, rl_samples, surrogate):
+    cfg = _config(loss=dict(surrogate=surrogate, aggregation="seq_mean_token_mean"))
+    learner = Learner(tiny, cfg)
+    before = _sequence_logprobs(learner, rl_samples)
+    report = learner.rl_step(rl_samples)
+    after = _sequence_logprobs(learner, rl_samples)
+    positive = torch.tensor([s.reward > 0 for s in rl_samples])
+    change = after - before
+    assert change[positive].mean() > 0 > change[~positive].mean(), change
+    assert report.num_samples == 16 and report.policy_version == 0
+    assert report.metrics["learner/grad_norm"] > 0
+    for key in (
+        "loss/clip_frac_low",
+        "loss/clip_frac_high",
+        "loss/kl_sampler_k3",
+        "loss/entropy",
+        "loss/is_ess",
+        "time/update_s",
+        "perf/tokens_per_s",
+    ):
+        assert key in report.metrics
+
+
+def test_rl_step_with_score_centering_correction_and_reference_kl(tiny, rl_samples):
+    cfg = _config(
+        loss=dict(surrogate="cispo", correction="tis", correction_high=2.0, kl_coef=0.01),
+        score_centering=dict(weight="tis", weight_high=2.0),
+    )
+    learner = Learner(tiny, cfg)
+    before = _sequence_logprobs(learner, rl_samples)
+    report = learner.rl_step(rl_samples)
+    change = _sequence_logprobs(learner, rl_samples) - before
+    positive = torch.tensor([s.reward > 0 for s in rl_samples])
+    assert change[positive].mean() > 0 > change[~positive].mean()
+    assert report.metrics["loss/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # reference = start
+    assert 0 < report.metrics["score_centering/head_mass_sampler"] <= 1
+
+
+def test_score_centering_needs_sampler_topk(tiny, rl_samples):
+    bare = [replace(s, sampler_topk_ids=None, sampler_topk_logprobs=None) for s in rl_samples]
+    learner = Learner(tiny, _config(score_centering=dict()))
+    with pytest.raises(ValueError, match="logprobs_topk"):
+        learner.rl_step(bare)
+
+
+def _gradients(learner: Learner, samples, micro: int, mini: int | None = None):
+    """Policy gradients of one optimizer step over `samples` with the given micro-batch size."""
+    cfg = learner.cfg.model_copy(update={"micro_batch_size": micro})
+    learner.cfg = cfg
+    batch = collate(samples, learner.pad_id, need_topk=cfg.score_centering is not None)
+    proximal, reference, values = learner._no_grad_pass(batch)
+    rewards = torch.tensor([s.reward for s in samples])
+    advantages, returns = learner._advantages(batch, rewards, values)
+    rows = slice(0, batch.size)
+    policy_den, sc_den = learner._denominators(batch, rows, proximal, first_update=True)
+    learner.policy.zero_grad(set_to_none=True)
+    for start in range(0, batch.size, micro):
+        learner.accumulate_gradients(
+            batch,
+            slice(start, min(start + micro, batch.size)),
+            proximal,
+            reference,
+            values,
+            advantages,
+            returns,
+            policy_den,
+            sc_den,
+            batch.loss_mask.sum(),
+        )
+    return [p.grad.clone() for p in learner.policy.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        dict(aggregation="token_mean"),
+        dict(aggregation="seq_mean_token_mean", surrogate="gspo"),
+        dict(aggregation="seq_sum_norm", norm_constant=16.0, surrogate="cispo"),
+        dict(
+            correction="mis", correction_low=0.9, correction_high=1.1, masked_in_denominator=False
+        ),
+    ],
+)
+def test_micro_batching_gives_the_unsplit_gradient(tiny, rl_samples, loss):
+    # samples of different lengths, so the micro-batches' own denominators would differ
+    samples = [
+        replace(s, loss_mask=np.r_[s.loss_mask[:-i], np.zeros(i, bool)]) if i else s
+        for i, s in zip([0, 3, 5, 1] * 4, rl_samples)
+    ]
+    samples = [
+        replace(s, sampler_logprobs=s.sampler_logprobs - 0.2 * (k % 3))
+        for k, s in enumerate(samples)
+    ]
+    sc = {
+        "score_centering": dict(
+            aggregation=loss.get("aggregation", "token_mean"),
+            norm_constant=loss.get("norm_constant"),
+        )
+    }
+    learner = Learner(tiny, _config(loss=loss, **sc))
+    whole = _gradients(learner, samples, micro=16)
+    split = _gradients(learner, samples, micro=3)
+    for a, b in zip(whole, split):
+        torch.testing.assert_close(a, b, rtol=2e-4, atol=1e-6)
+
+
+def test_gae_with_critic_learns_values_and_moves_policy(tiny, rl_samples):
+    cfg = _config(advantage=dict(estimator="gae", gamma=1.0, lam=0.95), critic=dict(lr=3e-3))
+    learner = Learner(tiny, cfg)
+    before = _sequence_logprobs(learner, rl_samples)
+    first = learner.rl_step(rl_samples)
+    change = _sequence_logprobs(learner, rl_samples) - before
+    positive = torch.tensor([s.reward > 0 for s in rl_samples])
+    assert change[positive].mean() > change[~positive].mean()
+    reports = [learner.rl_step(rl_samples) for _ in range(4)]
+    assert reports[-1].metrics["critic/loss"] < first.metrics["critic/loss"]
+    assert "critic/explained_variance" in reports[-1].metrics
+
+
+def test_sft_lowers_the_loss_on_tool_call_demonstrations(tiny, capsys):
+    tokenizer = load_tokenizer(tiny)
+    demos = tool_call_demonstrations(tokenizer, 24, seed=0)
+    cfg = LearnerConfig(sft=dict(steps=30, batch_size=8, micro_batch_size=4, lr=3e-3))
+    learner = Learner(tiny, cfg)
+    result = run_sft(learner, demos)
+    with capsys.disabled():
+        print(
+            f"\nSFT on {len(demos)} synthetic tool-call demonstrations: "
+            f"loss {result.loss_before:.3f} -> {result.loss_after:.3f} nats/token"
+        )
+    assert result.loss_after < 0.7 * result.loss_before
+    assert len(result.step_losses) == 30
+
+
+def test_run_consumes_source_in_order_without_splitting_groups(tiny, rl_samples, tmp_path):
+    published = []
+
+    def mark(version, path):
+        assert (path / "model.safetensors").exists() and (path / "tokenizer.json").exists()
+        published.append((version, path.name))
+
+    source = InMemorySource(rl_samples[:14])  # groups of 4, 4, 4, 2
+    learner = Learner(
+        tiny, _config(batch_size=6, publish_every=2), publish_root=tmp_path, mark_published=mark
+    )
+    reports = learner.run(source)
+    assert [(r.first_seq, r.last_seq) for r in reports] == [(1, 8), (9, 14)]
+    assert learner.last_sequence == 14 and learner.version == 1
+    assert published == [(1, "v000001")]
+    assert reports[1].published_version == 1 and reports[0].published_version is None
+    # resuming after the last consumed sequence finds nothing left
+    assert take_batch(source, learner.last_sequence, 6) == []
+
+
+def test_a_partial_batch_waits_until_the_source_is_finished(tiny, rl_samples):
+    class Growing(InMemorySource):
+        polls = 0
+
+        def finished(self, after_sequence: int) -> bool:
+            Growing.polls += 1
+            return Growing.polls > 3
+
+    learner = Learner(tiny, _config(batch_size=32))
+    reports = learner.run(Growing(rl_samples), poll_s=0.0)
+    assert Growing.polls > 3, "the learner must not train on a partial batch early"
+    assert [r.num_samples for r in reports] == [16]
+
+
+def test_zero_variance_groups_can_be_dropped(tiny, rl_samples):
+    samples = [replace(s, reward=1.0) if s.group_id == "g0" else s for s in rl_samples]
+    learner = Learner(tiny, _config(advantage=dict(drop_zero_variance_groups=True)))
+    report = learner.rl_step(samples)
+    assert report.num_samples == 12
+    assert report.metrics["learner/zero_variance_dropped"] == 4

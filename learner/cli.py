@@ -70,15 +70,18 @@ def _read_demonstrations(path: Path) -> list[tuple[list[int], list[int]]]:
 
 
 def _suite_demonstrations(
-    suite: str, count: int, tokenizer: object, seed: int
+    suite: str, count: int, tokenizer: object, seed: int, *, options: dict | None = None,
+    wrong_fraction: float = 0.0, chat_format: str = "auto", tool_listing: str = "json",
 ) -> list[tuple[list[int], list[int]]]:
-    """(token_ids, loss_mask) of a task family's demonstrations in the checkpoint's chat format."""
+    """(token_ids, loss_mask) of a task family's demonstrations in the checkpoint's chat format
+    (the same format the job's agent loop uses, so SFT teaches exactly what RL samples)."""
     from tasks import demonstration_samples, load_family
     from tasks.chat import make_chat_format
 
-    family = load_family(suite)
+    family = load_family(suite, options or {})
     samples = demonstration_samples(
-        family.demonstrations(count, seed=seed), make_chat_format(tokenizer)
+        family.demonstrations(count, wrong_fraction=wrong_fraction, seed=seed),
+        make_chat_format(tokenizer, chat_format, tool_listing=tool_listing),
     )
     return [(list(s.token_ids), list(s.loss_mask)) for s in samples]
 
@@ -133,8 +136,14 @@ def sft_command(
     out: Path = typer.Option(..., help="write the fine-tuned checkpoint to this new directory"),
     data: Path | None = typer.Option(None, help="JSON lines with token_ids and loss_mask"),
     synthetic: int = typer.Option(0, help="use N synthetic tool-call demonstrations instead"),
-    suite: str | None = typer.Option(None, help="use a task family's demonstrations instead"),
+    suite: str | None = typer.Option(
+        None, help="use a task family's demonstrations instead (entry point or file.py:attr)"),
+    options: str = typer.Option("{}", help="JSON options for the --suite family"),
     count: int = typer.Option(64, help="demonstrations to take from --suite"),
+    wrong_fraction: float = typer.Option(0.0, help="share of deliberately wrong demonstrations"),
+    chat_format: str = typer.Option("auto", help="auto | hermes | template"),
+    tool_listing: str = typer.Option("json", help="json | names | none"),
+    seed: int | None = typer.Option(None, help="override sft.seed"),
     config: Path | None = typer.Option(None, help="TOML learner config (its [sft] table)"),
     steps: int | None = typer.Option(None, help="override sft.steps"),
     lr: float | None = typer.Option(None, help="override sft.lr"),
@@ -152,7 +161,7 @@ def sft_command(
     if (data is not None) + (synthetic > 0) + (suite is not None) != 1:
         raise typer.BadParameter("give exactly one of --data FILE, --synthetic N or --suite NAME")
     cfg = load_learner_config(
-        config, {"sft.steps": steps, "sft.lr": lr, "sft.batch_size": batch_size}
+        config, {"sft.steps": steps, "sft.lr": lr, "sft.batch_size": batch_size, "sft.seed": seed}
     )
     sinks = make_sinks([m for m in metrics.split(",") if m], out.parent / f"{out.name}-logs")
     try:
@@ -160,7 +169,10 @@ def sft_command(
         if data is not None:
             demos = _read_demonstrations(data)
         elif suite is not None:
-            demos = _suite_demonstrations(suite, count, learner.tokenizer, cfg.sft.seed)
+            demos = _suite_demonstrations(suite, count, learner.tokenizer, cfg.sft.seed,
+                                          options=json.loads(options),
+                                          wrong_fraction=wrong_fraction, chat_format=chat_format,
+                                          tool_listing=tool_listing)
         else:
             demos = tool_call_demonstrations(learner.tokenizer, synthetic, seed=cfg.sft.seed)
         result = run_sft(learner, demos)
@@ -216,3 +228,23 @@ def synth_data_command(
         for ids, mask in tool_call_demonstrations(tokenizer, demos, seed=seed):
             fh.write(json.dumps({"token_ids": ids, "loss_mask": mask}) + "\n")
     typer.echo(f"wrote {len(samples)} RL samples and {demos} demonstrations to {out}")
+
+
+@app.command("serve")
+def serve_command(
+    db: str = typer.Option(..., help="the job's store URL"),
+    run: str = typer.Option(..., help="run id"),
+    config: Path = typer.Option(..., help="learner config as JSON (the job's [learner] section)"),
+    model: Path = typer.Option(..., help="the run's starting checkpoint"),
+    publish_root: Path = typer.Option(..., help="versions are published under this directory"),
+    steps: int = typer.Option(..., help="stop after this many learner steps in total"),
+    poll_s: float = typer.Option(0.2, help="wait between polls of the admission log"),
+) -> None:
+    """The learner process of a job: train on the run's admission log, publish versions."""
+    _quiet_transformers()
+    from learner.config import LearnerConfig
+    from learner.service import serve
+
+    cfg = LearnerConfig.model_validate_json(config.read_text())
+    raise typer.Exit(serve(db_url=db, run_id=run, cfg=cfg, model_dir=model,
+                           publish_root=publish_root, steps=steps, poll_s=poll_s))

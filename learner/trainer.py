@@ -125,8 +125,12 @@ class Learner:
         self.optimizer_steps = 0
 
     # ------------------------------------------------------------------ RL
-    def rl_step(self, samples: Sequence[TrainingSample]) -> StepReport:
-        """One learner step on `samples` (a whole batch); returns its report."""
+    def rl_step(self, samples: Sequence[TrainingSample], *,
+                baseline_peers: Sequence[tuple[object, float]] = ()) -> StepReport:
+        """One learner step on `samples` (a whole batch); returns its report.
+
+        `baseline_peers` are (group_id, reward) of other admitted members of the batch's groups
+        that are not in this batch (streamed groups): they enter the group baselines only."""
         started = time.time()
         consumed = list(samples)
         if not consumed:
@@ -153,7 +157,8 @@ class Learner:
         t0 = time.perf_counter()
         proximal, reference, old_values = self._no_grad_pass(batch)
         t_proximal = time.perf_counter() - t0
-        advantages, returns = self._advantages(batch, rewards.to(self.device), old_values)
+        advantages, returns = self._advantages(batch, rewards.to(self.device), old_values,
+                                               baseline_peers)
 
         t0 = time.perf_counter()
         mini = self.cfg.mini_batch_size or batch.size
@@ -298,11 +303,19 @@ class Learner:
         return cat(proximal), cat(reference), cat(values)
 
     def _advantages(
-        self, batch: PaddedBatch, rewards_B: torch.Tensor, old_values: torch.Tensor | None
+        self, batch: PaddedBatch, rewards_B: torch.Tensor, old_values: torch.Tensor | None,
+        baseline_peers: Sequence[tuple[object, float]] = (),
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         a = self.cfg.advantage
         if a.estimator != "gae":
-            return outcome_advantages(rewards_B, list(batch.group_ids), a.estimator, a.eps), None
+            in_batch = set(batch.group_ids)
+            peers = [(g, r) for g, r in baseline_peers if g in in_batch]
+            rewards = torch.cat([rewards_B, torch.tensor([r for _, r in peers],
+                                                         dtype=rewards_B.dtype,
+                                                         device=rewards_B.device)])
+            groups = list(batch.group_ids) + [g for g, _ in peers]
+            advantages = outcome_advantages(rewards, groups, a.estimator, a.eps)
+            return advantages[: rewards_B.shape[0]], None
         assert old_values is not None
         mask = batch.loss_mask
         token_rewards = torch.zeros_like(old_values)

@@ -83,11 +83,12 @@ def warm_start(job: JobConfig, model_dir: Path, run_dir: Path) -> Path:
     out = run_dir / "sft"
     if (out / "config.json").exists():
         return out
-    argv = ["-m", "learner", "sft", "--model", str(model_dir), "--out", str(out),
-            "--family", job.tasks.family, "--options", json.dumps(job.tasks.options),
+    argv = ["-m", "learner", "sft", str(model_dir), "--out", str(out),
+            "--suite", job.tasks.family, "--options", json.dumps(job.tasks.options),
             "--count", str(ws.demonstrations), "--wrong-fraction", str(ws.wrong_fraction),
-            "--steps", str(ws.steps), "--batch-size", str(ws.batch_size), "--lr", str(ws.lr),
-            "--seed", str(job.run.seed)]
+            "--chat-format", job.model.chat_format, "--tool-listing", job.model.tool_listing,
+            "--steps", str(ws.steps),
+            "--batch-size", str(ws.batch_size), "--lr", str(ws.lr), "--seed", str(job.run.seed)]
     log.info("supervised warm start", demonstrations=ws.demonstrations, steps=ws.steps)
     child = ChildProcess.start("sft", argv, run_dir / "sft.log")
     if child.process.wait() != 0 or not (out / "config.json").exists():
@@ -116,6 +117,13 @@ def start_engine(job: JobConfig, model_dir: Path, version: int, run_dir: Path):
                                max_batch=job.engine.max_batch, seed=job.run.seed,
                                log_path=run_dir / "engine.log",
                                startup_timeout=job.engine.startup_timeout_s)
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line per root cause (exception groups are unwrapped)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe_failure(e) for e in exc.exceptions)
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
 def run_job(job: JobConfig, *, config_path: Path | None = None, resume: str | None = None) -> int:
@@ -156,7 +164,7 @@ async def _run(job: JobConfig, resume: str | None) -> int:
         log.info("run finished", report=str(run_dir / "report.md"))
         return 0
     except BaseException as exc:  # record the failure, then let cancellation propagate
-        message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        message = describe_failure(exc)
         store.set_run_status(run_id, "failed", error=message + "\n" + traceback.format_exc())
         log.error("run failed", error=message)
         if isinstance(exc, Exception):
@@ -183,7 +191,8 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
     url = job.engine.url or engine_proc.url
     backend = "vllm" if job.engine.kind == "vllm" else "stalewise"
     family = load_family(job.tasks.family, job.tasks.options)
-    chat_format = make_chat_format(load_tokenizer(model_dir), "auto")
+    chat_format = make_chat_format(load_tokenizer(model_dir), job.model.chat_format,
+                                   tool_listing=job.model.tool_listing)
     started = time.monotonic()
     async with AsyncExitStack() as stack:
         client = await stack.enter_async_context(EngineClient(url, backend=backend))
@@ -203,8 +212,8 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                               engine_proc.log_tail)
             tg.start_soon(lambda: watch("learner", learner_proc.process.poll,
                                         learner_proc.log_tail, expected_exit=pipeline.done))
-            tg.start_soon(show_progress, pipeline,
-                          every_s=job.run.progress_every_s, header=lambda: run_id)
+            tg.start_soon(lambda: show_progress(pipeline, every_s=job.run.progress_every_s,
+                                                header=lambda: run_id))
             eval_args = dict(run_id=run_id, store=store, writer=writer, engine=client,
                              family=family, chat_format=chat_format, acquire=pools.acquire,
                              params=pipeline.params, instances=job.tasks.eval_instances,

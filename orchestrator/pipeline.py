@@ -66,6 +66,7 @@ class PipelineStats:
     turns: int = 0
     rewards: list[float] = field(default_factory=list)
     decisions: Counter = field(default_factory=Counter)  # reason -> count
+    excluded: Counter = field(default_factory=Counter)  # reason -> count, not admitted
     admitted: int = 0
     admitted_lags: list[int] = field(default_factory=list)
     weight_updates: int = 0
@@ -81,6 +82,8 @@ class PipelineStats:
     def on_decisions(self, decisions: list[Decision]) -> None:
         for d in decisions:
             self.decisions[d.reason] += 1
+            if d.action != "admit":
+                self.excluded[d.reason] += 1
             if d.action == "admit":
                 self.admitted += 1
                 if d.lag is not None:

@@ -20,7 +20,7 @@ def snapshot(pipeline: Pipeline) -> dict[str, float | int | str]:
     elapsed = max(time.monotonic() - stats.started, 1e-9)
     recent = stats.rewards[-200:]
     lags = stats.admitted_lags[-200:]
-    excluded = {k: v for k, v in stats.decisions.items() if k not in ("fresh", "lagged")}
+    excluded = stats.excluded
     return {
         "elapsed_s": round(elapsed, 1),
         "trajectories": stats.finished,

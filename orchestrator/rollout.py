@@ -131,6 +131,9 @@ async def run_trajectory(*, task: TaskInstance, engine: InferenceEngine,
 
 
 _Timeout = tuple[float | None, Callable[[], Exception]]
+_ARGUMENTS_JSON = json.JSONEncoder(  # enums as their values, anything else as str
+    separators=(",", ":"), sort_keys=True,
+    default=lambda value: getattr(value, "value", str(value)))
 
 
 class _Limit:
@@ -138,19 +141,24 @@ class _Limit:
 
     Its own expiry raises that limit's `on_timeout()` (the first listed wins a tie); expiries of
     outer scopes pass through untouched. It is `anyio.fail_after` with the error chosen per
-    limit, so two limits on one call cost one scope and one timer.
+    limit, so two limits on one call cost one scope and one timer. `outer_deadline` is the
+    deadline of an enclosing limit: a scope that would expire strictly after it could never
+    fire first, so none is made.
     """
 
-    __slots__ = ("_scope", "_on_timeout")
+    __slots__ = ("_on_timeout", "_scope")
 
-    def __init__(self, now: float, *limits: _Timeout) -> None:
+    def __init__(self, now: float, *limits: _Timeout, outer_deadline: float | None = None,
+                 scope_type: Callable[..., anyio.CancelScope] = anyio.CancelScope) -> None:
         nearest: _Timeout = (None, _no_timeout)
         for seconds, on_timeout in limits:
             if seconds is not None and (nearest[0] is None or seconds < nearest[0]):
                 nearest = (seconds, on_timeout)
         self._on_timeout = nearest[1]
-        self._scope = (None if nearest[0] is None
-                       else anyio.CancelScope(deadline=now + max(nearest[0], 0.0)))
+        deadline = None if nearest[0] is None else now + max(nearest[0], 0.0)
+        if deadline is not None and outer_deadline is not None and deadline > outer_deadline:
+            deadline = None
+        self._scope = None if deadline is None else scope_type(deadline=deadline)
 
     def __enter__(self) -> None:
         if self._scope is not None:
@@ -203,8 +211,10 @@ class _Rollout:
         self.engine_s = self.tools_s = self.waiting_s = self.verify_s = 0.0
         self.started_at = time.time()
         self.now = _event_loop_clock()
+        self._scope_type = type(anyio.CancelScope())  # the running backend's, resolved once
         self._stops = tuple(dict.fromkeys((*chat_format.stop_token_ids, *params.stop_token_ids)))
         self._params_by_max: dict[int, SamplingParams] = {}
+        self._wall_deadline: float | None = None  # of the scope around the turns, once entered
 
     # -- the trajectory -------------------------------------------------------------------
 
@@ -240,8 +250,9 @@ class _Rollout:
     async def _agent(self, sandbox: Sandbox) -> _Stop:
         """The turns, under the wall-time limit; every way out is a `_Stop`."""
         try:
-            with _Limit(self.now(), (self.limits.wall_time_s,
-                                     lambda: _Stop(StopReason.WALL_TIME))):
+            now = self.now()
+            self._wall_deadline = now + max(self.limits.wall_time_s, 0.0)
+            with _Limit(now, (self.limits.wall_time_s, lambda: _Stop(StopReason.WALL_TIME))):
                 self.conversation = Conversation(self.format, self.task.prompt, self.task.tools)
                 self.sampled.append([])
                 return _Stop(await self._turns(sandbox))
@@ -341,7 +352,8 @@ class _Rollout:
         try:
             with _Limit(t0, (timeout, lambda: _Stop(
                     StopReason.ENGINE_ERROR, f"engine call exceeded {timeout:g}s",
-                    "engine_timeout")), self._working_limit()):
+                    "engine_timeout")), self._working_limit(),
+                        outer_deadline=self._wall_deadline, scope_type=self._scope_type):
                 return await self.engine.generate(request)
         finally:
             self.engine_s += self.now() - t0
@@ -455,8 +467,7 @@ class _Rollout:
             original = max(original or 0, len(result.text.encode()))
         await self.recorder.tool_call(ToolCallRecord(
             trajectory_id=self.id, turn=turn, index=index, tool_name=tool.name,
-            arguments_json=json.dumps(arguments, separators=(",", ":"), sort_keys=True,
-                                      default=lambda value: getattr(value, "value", str(value))),
+            arguments_json=_ARGUMENTS_JSON.encode(arguments),
             observation=text, exit_code=result.exit_code, error_type=result.error_type,
             timed_out=result.timed_out, truncated=result.truncated or capped,
             original_bytes=original, started_at=started_at, duration_s=duration,
@@ -465,14 +476,14 @@ class _Rollout:
 
     async def _invoke(self, tool: Tool, ctx: ToolContext, arguments: dict[str, Any],
                       timeout: float) -> ToolResult:
-        timed_out = ToolResult(text=f"[timed out after {timeout:g}s]", error_type="timeout",
-                               timed_out=True)
         try:
             with _Limit(self.now(), (timeout + self.options.tool_grace_s, _ToolTimeout),
-                        self._working_limit()):
+                        self._working_limit(), outer_deadline=self._wall_deadline,
+                        scope_type=self._scope_type):
                 result = await tool.call(ctx, arguments)
         except _ToolTimeout:
-            return timed_out
+            return ToolResult(text=f"[timed out after {timeout:g}s]", error_type="timeout",
+                              timed_out=True)
         except ToolError as err:
             return ToolResult(text=f"Error: {err}", error_type="tool_error")
         except (SandboxError, _Stop):
@@ -530,6 +541,8 @@ class _Rollout:
         return messages[-1].content if messages else ""
 
     async def _release_sessions(self) -> None:
+        if not self.sessions:
+            return
         sessions, self.sessions = self.sessions, set()
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.options.release_timeout_s):
             for session in sorted(sessions):

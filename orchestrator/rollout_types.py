@@ -136,28 +136,53 @@ def build_segment(index: int, tokens: SegmentTokens,
                   sampled: Sequence[SampledTokens]) -> TrainingSegment:
     """Align the engine's per-token arrays to the segment's positions, up to the last sampled
     token (tokens after it were never part of a model call)."""
-    if len(sampled) != len(tokens.sampled_spans):
-        raise ValueError(f"{len(sampled)} model calls for {len(tokens.sampled_spans)} spans")
-    end = tokens.sampled_spans[-1][1] if tokens.sampled_spans else 0
-    ids = np.asarray(tokens.token_ids[:end], dtype=INT32)
-    mask = np.asarray(tokens.loss_mask[:end], dtype=UINT8)
+    spans = tokens.sampled_spans
+    if len(sampled) != len(spans):
+        raise ValueError(f"{len(sampled)} model calls for {len(spans)} spans")
+    end = spans[-1][1] if spans else 0
+    ids = np.array(tokens.token_ids[:end], dtype=INT32)
+    mask = np.array(tokens.loss_mask[:end], dtype=UINT8)
     logprobs = np.zeros(end, FLOAT32)
     weights = np.full(end, -1, INT32)
     kv = np.full(end, -1, INT32)
     topk = max((s.topk for s in sampled), default=0)
     topk_ids = np.zeros((end, topk), INT32) if topk else None
     topk_lp = np.zeros((end, topk), FLOAT32) if topk else None
-    for (start, stop), call in zip(tokens.sampled_spans, sampled):
+    if spans:
+        positions = _span_positions(spans)
+        if any(stop - start != len(call) for (start, stop), call in zip(spans, sampled)) \
+                or not np.array_equal(ids[positions], _joined(sampled, "token_ids")):
+            _raise_first_mismatch(index, ids, spans, sampled)
+        logprobs[positions] = _joined(sampled, "sampler_logprobs")
+        weights[positions] = _joined(sampled, "weights_versions")
+        kv[positions] = _joined(sampled, "kv_versions")
+        if topk_ids is not None and topk_lp is not None:
+            for (start, stop), call in zip(spans, sampled):
+                if call.topk == topk:
+                    topk_ids[start:stop] = call.topk_ids
+                    topk_lp[start:stop] = call.topk_logprobs
+    return TrainingSegment(index, ids, mask, logprobs, weights, kv, topk_ids, topk_lp)
+
+
+def _span_positions(spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """The positions covered by [start, stop) spans, in order, as one index array."""
+    starts = np.array([start for start, _ in spans], dtype=np.int64)
+    lengths = np.array([stop - start for start, stop in spans], dtype=np.int64)
+    shift = starts - (np.cumsum(lengths) - lengths)
+    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(shift, lengths)
+
+
+def _joined(sampled: Sequence[SampledTokens], name: str) -> np.ndarray:
+    return np.concatenate([getattr(call, name) for call in sampled])
+
+
+def _raise_first_mismatch(index: int, ids: np.ndarray, spans: Sequence[tuple[int, int]],
+                          sampled: Sequence[SampledTokens]) -> None:
+    for (start, stop), call in zip(spans, sampled):
         if not np.array_equal(ids[start:stop], call.token_ids):
             raise AssertionError(f"segment {index}: positions {start}:{stop} are not the "
                                  "engine's sampled ids")
-        logprobs[start:stop] = call.sampler_logprobs
-        weights[start:stop] = call.weights_versions
-        kv[start:stop] = call.kv_versions
-        if topk_ids is not None and topk_lp is not None and call.topk == topk:
-            topk_ids[start:stop] = call.topk_ids
-            topk_lp[start:stop] = call.topk_logprobs
-    return TrainingSegment(index, ids, mask, logprobs, weights, kv, topk_ids, topk_lp)
+    raise AssertionError(f"segment {index}: sampled positions disagree with the engine's ids")
 
 
 @dataclass(frozen=True, eq=False)

@@ -6,20 +6,24 @@ after the first stop id, finish "stop"), reports cached prompt tokens for a sess
 prompt extends its previous context, stamps every token with the current weights version and a
 KV version (`kv_mode="retain"` keeps the version of the session's oldest KV entry across
 updates; `"recompute"` uses the current one), and gives plausible sampler log-probs (and top-k)
-drawn from a seeded generator (a window of a fixed table of exponential draws, so a call costs
-the same whatever its length). Optional simulated latency (prefill per new prompt token, decode
+drawn deterministically per (seed, trajectory, call) (a window of a fixed table of exponential
+draws, so a call costs the same whatever its length). Optional simulated latency (prefill per new prompt token, decode
 per token, lognormal jitter) really sleeps, so benchmarks see concurrency. Optional malformed
 outputs drop the token before the final stop token (for a tool call, its closing tag).
 
 Scripts are looked up per trajectory: calls are counted per key, the session id up to its last
 '/' (the agent loop names sessions `trajectory_id/segment`). Every request is kept in `requests`
-for tests to inspect; benchmarks with many long trajectories pass `keep_requests=False`.
+for tests to inspect; benchmarks with many long trajectories pass `keep_requests=False`. A
+session's context is kept by reference to the request's prompt (the agent loop sends a fresh list
+every call), so a caller must not change a prompt list after sending it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -29,6 +33,7 @@ import numpy as np
 
 from stalewise.engine_api import EngineError, FinishReason, GenerateRequest, GenerateResult
 from stalewise.records import FLOAT32, INT32, SampledTokens
+from tasks.chat.codec import int_list
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,8 @@ Script = Mapping[str, Sequence[ScriptedTurn]] | Callable[[str, int], ScriptedTur
 
 # Sampler log-probs are windows of this table: -Exp(rate 3) draws, as plausible as a fresh draw.
 _LOGPROBS = (-np.random.default_rng(20240601).exponential(1 / 3.0, 4096)).astype(FLOAT32)
+_LOGPROBS.setflags(write=False)
+_STEPS = np.arange(1, 4097, dtype=FLOAT32)  # 1, 2, ... : decode steps of the sampled tokens
 
 
 def turns_from_texts(encode_assistant: Callable[[str], list[int]],
@@ -88,8 +95,9 @@ class ScriptedEngine:
         self.requests: list[GenerateRequest] = []
         self.released: list[str] = []
         self._calls: dict[str, int] = {}
-        self._contexts: dict[str, list[int]] = {}
+        self._contexts: dict[str, tuple[Sequence[int], list[int]]] = {}  # prompt, sampled
         self._kv_version: dict[str, int] = {}
+        self._constants: dict[tuple[int, int], np.ndarray] = {}  # read-only np.full arrays
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if self.keep_requests:
@@ -97,9 +105,9 @@ class ScriptedEngine:
         key = script_key(request.session_id)
         index = self._calls.get(key, 0)
         self._calls[key] = index + 1
-        rng = random.Random(f"{self.seed}:{key}:{index}")
+        rng = _Draws(f"{self.seed}:{key}:{index}")
         turn = self._script(key, index)
-        prompt = list(request.prompt_token_ids)
+        prompt = request.prompt_token_ids
         cached = self._cached(request.session_id, prompt)
         ids, finish = self._cut(turn, request, rng)
         delay, offsets = self._timing(turn, len(prompt) - cached, len(ids), rng)
@@ -109,7 +117,7 @@ class ScriptedEngine:
             raise turn.error
         tokens = self._tokens(ids, offsets, request, rng)
         if request.session_id:
-            self._contexts[request.session_id] = prompt + ids
+            self._contexts[request.session_id] = (prompt, ids)
         return GenerateResult(tokens=tokens, finish_reason=finish, prompt_tokens=len(prompt),
                               cached_prompt_tokens=cached, engine_id=self.engine_id)
 
@@ -118,26 +126,31 @@ class ScriptedEngine:
         self._contexts.pop(session_id, None)
         self._kv_version.pop(session_id, None)
 
-    def _cached(self, session_id: str | None, prompt: list[int]) -> int:
+    def _cached(self, session_id: str | None, prompt: Sequence[int]) -> int:
+        """Tokens of `prompt` the session's KV holds: its previous prompt + sampled ids, when the
+        new prompt starts with them."""
         previous = self._contexts.get(session_id or "")
-        if previous and prompt[:len(previous)] == previous:
-            return len(previous)
+        if previous is not None:
+            before, sampled = previous
+            length = len(before) + len(sampled)
+            if length and len(prompt) >= length and _starts_with(prompt, before, 0) \
+                    and _starts_with(prompt, sampled, len(before)):
+                return length
         if session_id:
             self._kv_version.pop(session_id, None)  # a fresh prefill: no old KV remains
         return 0
 
     def _cut(self, turn: ScriptedTurn, request: GenerateRequest,
-             rng: random.Random) -> tuple[list[int], FinishReason]:
-        ids = [int(i) for i in turn.token_ids]
-        stops = set(request.params.stop_token_ids)
+             rng: _Draws) -> tuple[list[int], FinishReason]:
+        ids = int_list(list(turn.token_ids))
+        stops = request.params.stop_token_ids
         if ids and self.malformed_rate > 0 and rng.random() < self.malformed_rate:
             end = len(ids) - 1 if ids[-1] in stops else len(ids)
             if end > 0:
                 del ids[end - 1]
-        for position, token in enumerate(ids):
-            if token in stops:
-                ids = ids[:position + 1]
-                break
+        first_stop = min((ids.index(stop) for stop in stops if stop in ids), default=None)
+        if first_stop is not None:
+            ids = ids[:first_stop + 1]
         if len(ids) > request.params.max_tokens:
             return ids[:request.params.max_tokens], "length"
         if turn.finish_reason is not None:
@@ -145,24 +158,28 @@ class ScriptedEngine:
         return ids, "stop" if ids and ids[-1] in stops else "length"
 
     def _timing(self, turn: ScriptedTurn, new_prompt: int, sampled: int,
-                rng: random.Random) -> tuple[float, np.ndarray]:
+                rng: _Draws) -> tuple[float, np.ndarray]:
         model = self.latency
         prefill = model.fixed_s + model.prefill_s_per_token * new_prompt
-        offsets = prefill + model.decode_s_per_token * np.arange(1, sampled + 1)
-        if model.jitter_sigma > 0:
-            offsets = offsets * math.exp(rng.gauss(0.0, model.jitter_sigma))
+        jitter = math.exp(rng.gauss(0.0, model.jitter_sigma)) if model.jitter_sigma > 0 else 1.0
+        steps = _STEPS[:sampled] if sampled <= len(_STEPS) else np.arange(
+            1, sampled + 1, dtype=FLOAT32)
+        offsets = steps * FLOAT32.type(model.decode_s_per_token * jitter) + FLOAT32.type(
+            prefill * jitter)
         total = float(offsets[-1]) if sampled else prefill
         if turn.delay_s is not None:
             scale = turn.delay_s / total if total > 0 else 0.0
-            offsets = offsets * scale if total > 0 else np.full(sampled, turn.delay_s)
+            offsets = offsets * FLOAT32.type(scale) if total > 0 else np.full(
+                sampled, turn.delay_s, FLOAT32)
             total = turn.delay_s
-        return total, offsets.astype(FLOAT32)
+        return total, offsets
 
     def _tokens(self, ids: list[int], offsets: np.ndarray, request: GenerateRequest,
-                rng: random.Random) -> SampledTokens:
+                rng: _Draws) -> SampledTokens:
         count = len(ids)
         start = rng.randrange(len(_LOGPROBS))
-        logprobs = np.take(_LOGPROBS, np.arange(start, start + count), mode="wrap")
+        logprobs = (_LOGPROBS[start:start + count] if start + count <= len(_LOGPROBS)
+                    else np.take(_LOGPROBS, np.arange(start, start + count), mode="wrap"))
         session = request.session_id or ""
         if self.kv_mode == "retain" and session:
             kv = self._kv_version.setdefault(session, self.version)
@@ -171,12 +188,23 @@ class ScriptedEngine:
         topk = min(self.topk, request.params.logprobs_topk or self.topk)
         topk_ids = topk_lp = None
         if topk:
-            topk_ids, topk_lp = self._topk(ids, logprobs, topk, rng)
+            topk_ids, topk_lp = self._topk(ids, logprobs, topk, rng.rng)
         return SampledTokens(
             token_ids=np.asarray(ids, dtype=INT32), sampler_logprobs=logprobs,
-            weights_versions=np.full(count, self.version, INT32),
-            kv_versions=np.full(count, kv, INT32), time_offsets=offsets,
+            weights_versions=self._constant(count, self.version),
+            kv_versions=self._constant(count, kv), time_offsets=offsets,
             topk_ids=topk_ids, topk_logprobs=topk_lp)
+
+    def _constant(self, count: int, value: int) -> np.ndarray:
+        """A read-only int32 array of `count` times `value`, shared between records."""
+        array = self._constants.get((count, value))
+        if array is None:
+            if len(self._constants) > 4096:
+                self._constants.clear()
+            array = np.full(count, value, INT32)
+            array.setflags(write=False)
+            self._constants[(count, value)] = array
+        return array
 
     def _topk(self, ids: list[int], logprobs: np.ndarray, k: int,
               rng: random.Random) -> tuple[np.ndarray, np.ndarray]:
@@ -188,6 +216,49 @@ class ScriptedEngine:
             topk_lp[row] = [logprob, *sorted((logprob - rng.expovariate(1.0)
                                               for _ in others), reverse=True)]
         return topk_ids, topk_lp
+
+
+class _Draws:
+    """Deterministic random numbers for one call: the first four uniforms come from one hash of
+    the label; more, and a full `random.Random` (`rng`, for top-k), come from a generator seeded
+    with that hash on first use (seeding a Mersenne twister costs more than the rest of a call).
+    """
+
+    def __init__(self, label: str) -> None:
+        digest = hashlib.blake2b(label.encode(), digest_size=32).digest()
+        self._words = struct.unpack("<4Q", digest)
+        self._used = 0
+        self._rng: random.Random | None = None
+
+    @property
+    def rng(self) -> random.Random:
+        if self._rng is None:
+            self._rng = random.Random(int.from_bytes(struct.pack("<4Q", *self._words), "little"))
+        return self._rng
+
+    def random(self) -> float:
+        """Uniform on [0, 1)."""
+        if self._used < len(self._words):
+            word = self._words[self._used]
+            self._used += 1
+            return (word >> 11) * 2.0 ** -53
+        return self.rng.random()
+
+    def randrange(self, stop: int) -> int:
+        return min(stop - 1, int(self.random() * stop))
+
+    def gauss(self, mu: float, sigma: float) -> float:
+        """Normal by the Box-Muller transform of two uniforms."""
+        radius = math.sqrt(-2.0 * math.log(1.0 - self.random()))
+        return mu + sigma * radius * math.cos(2.0 * math.pi * self.random())
+
+
+def _starts_with(sequence: Sequence[int], part: Sequence[int], at: int) -> bool:
+    """sequence[at:at + len(part)] == part; plain lists are compared by slices (C speed)."""
+    if isinstance(sequence, list) and isinstance(part, list):
+        return sequence[at:at + len(part)] == part
+    return all(int(a) == int(b) for a, b in zip(sequence[at:at + len(part)], part)) \
+        and len(sequence) >= at + len(part)
 
 
 def _from_list(turns: list[ScriptedTurn]) -> Callable[[str, int], ScriptedTurn]:

@@ -45,6 +45,11 @@ class WarmStartConfig(Section):
 class ModelConfig(Section):
     path: str = Field("var/models/tiny", description="local Hugging Face checkpoint directory")
     create_tiny: bool = Field(True, description="create the tiny default model if PATH is missing")
+    chat_format: Literal["auto", "hermes", "template"] = Field(
+        "auto", description="auto = the checkpoint's chat template if it has one, else hermes")
+    tool_listing: Literal["json", "names", "none"] = Field(
+        "json", description="how tools are described in the prompt (none keeps prompts short "
+                            "for tiny models trained on demonstrations)")
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
 
 

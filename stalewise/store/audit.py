@@ -50,7 +50,7 @@ def trajectories(store: Store, run_id: str, *, status: str | None = None,
     if reward_below is not None:
         query = query.where(t.c.reward < reward_below)
     with store.engine.connect() as c:
-        return [dict(id=r.id, task=f"{r.family}/{r.key}" if r.family else None,
+        return [dict(id=r.id, task=r.key, purpose=r.purpose,
                      difficulty=r.difficulty, group=r.group_id, sample=r.sample_index,
                      status=r.status, stop_reason=r.stop_reason, reward=r.reward,
                      turns=r.num_turns, tokens=r.num_sampled_tokens,

@@ -245,6 +245,44 @@ class Store:
                              .order_by(table.c.segment, table.c.turn, table.c.id))
             return [decode_model_call(r) for r in rows]
 
+    def model_calls_for(self, trajectory_ids: Sequence[int]) -> dict[int, list[StoredModelCall]]:
+        """Decoded model calls of several trajectories, each list in (segment, turn) order."""
+        table = s.ModelCall.__table__
+        out: dict[int, list[StoredModelCall]] = {tid: [] for tid in trajectory_ids}
+        with self.engine.connect() as c:
+            rows = c.execute(select(table).where(table.c.trajectory_id.in_(list(trajectory_ids)))
+                             .order_by(table.c.trajectory_id, table.c.segment, table.c.turn,
+                                       table.c.id))
+            for row in rows:
+                out[row.trajectory_id].append(decode_model_call(row))
+        return out
+
+    def stream_peers(self, run_id: str, group_ids: Sequence[int],
+                     exclude_seqs: Sequence[int]) -> list[tuple[int, float]]:
+        """(group_id, reward) of admitted members of these groups outside `exclude_seqs`."""
+        table = s.StreamEntry.__table__
+        with self.engine.connect() as c:
+            rows = c.execute(select(table.c.group_id, table.c.reward, table.c.seq).where(
+                (table.c.run_id == run_id) & table.c.group_id.in_(list(group_ids))))
+            excluded = set(exclude_seqs)
+            return [(r.group_id, r.reward) for r in rows if r.seq not in excluded]
+
+    def record_learner_step_and_version(self, run_id: str, step: dict[str, Any],
+                                        version: dict[str, Any] | None) -> None:
+        """A learner step row and, when it published, its version row, in one transaction."""
+        with self.engine.begin() as c:
+            c.execute(insert(s.LearnerStep.__table__).values(run_id=run_id, **step))
+            if version is not None:
+                c.execute(insert(s.PolicyVersion.__table__).values(
+                    run_id=run_id, created_at=now(), **version))
+
+    def forget_learner_steps_after(self, run_id: str, step: int) -> int:
+        """Delete step rows beyond the last published checkpoint (undone by a learner crash)."""
+        table = s.LearnerStep.__table__
+        with self.engine.begin() as c:
+            return c.execute(table.delete().where((table.c.run_id == run_id)
+                                                  & (table.c.step > step))).rowcount
+
     def tool_calls(self, trajectory_id: int) -> list[Any]:
         table = s.ToolCall.__table__
         with self.engine.connect() as c:

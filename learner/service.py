@@ -1,0 +1,109 @@
+"""The learner process of a job (`stalewise learner serve`): admission log in, versions out.
+
+Loop: read the next batch from the run's learner stream (whole groups, in sequence order),
+train one RL step, record it; every `publish_every` steps publish the weights (checkpoint and
+optimizer state written completely, then the step row and the version row in one transaction).
+
+Resume (after a crash or SIGKILL of this process or of the orchestrator): the learner restarts
+from the latest published version, with its optimizer state, at the step and stream position
+recorded with that version; step rows beyond it (steps whose weights were never published) are
+deleted and redone, so the steps in the store consume sequence numbers 1, 2, 3, ... contiguously,
+each exactly once. Unmarked version directories left by a crash are removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from learner.batch import take_batch
+from learner.config import LearnerConfig
+from learner.metrics import ConsoleSink, StepReport
+from learner.store_source import StoreSource
+from learner.trainer import Learner
+from stalewise.store.store import Store
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+class StoreSink:
+    """Writes each step report (and the version it published) to the store."""
+
+    def __init__(self, store: Store, run_id: str) -> None:
+        self.store, self.run_id = store, run_id
+
+    def write(self, report: StepReport) -> None:
+        step = dict(step=report.step, mode=report.mode, first_seq=report.first_seq,
+                    last_seq=report.last_seq, num_samples=report.num_samples,
+                    num_tokens=report.num_tokens, loss=report.loss,
+                    policy_version=report.policy_version, mean_lag=report.mean_lag,
+                    max_lag=report.max_lag, metrics=_finite(report.metrics),
+                    started_at=report.started_at, finished_at=report.finished_at)
+        version = None
+        if report.published_version is not None:
+            version = dict(version=report.published_version, path=report.published_path,
+                           learner_step=report.step, last_seq=report.last_seq)
+        self.store.record_learner_step_and_version(self.run_id, step, version)
+
+    def close(self) -> None:
+        pass
+
+
+def _finite(metrics: dict[str, float]) -> dict[str, float | None]:
+    return {k: (v if v == v and abs(v) != float("inf") else None) for k, v in metrics.items()}
+
+
+def _remove_unmarked(publish_root: Path, version: int) -> None:
+    if not publish_root.exists():
+        return
+    for path in publish_root.iterdir():
+        name = path.name
+        unmarked = name.startswith(".tmp-") or (name.startswith("v") and name[1:].isdigit()
+                                                and int(name[1:]) > version)
+        if unmarked:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def serve(*, db_url: str, run_id: str, cfg: LearnerConfig, model_dir: Path, publish_root: Path,
+          steps: int, poll_s: float = 0.2, log=print) -> int:
+    store = Store.open(db_url)
+    latest = store.latest_version(run_id)
+    version = latest.version if latest else 0
+    step = (latest.learner_step or 0) if latest else 0
+    last_seq = (latest.last_seq or 0) if latest else 0
+    start_dir = Path(latest.path) if latest else model_dir
+    forgotten = store.forget_learner_steps_after(run_id, step)
+    _remove_unmarked(publish_root, version)
+    cfg = cfg.model_copy(update={"reference_model": cfg.reference_model or str(model_dir)})
+
+    def save_optimizer(_version: int, path: Path) -> None:
+        target = Path(path) / OPTIMIZER_FILE
+        torch.save(learner.optimizer.state_dict(), target)
+        with open(target, "rb") as handle:
+            os.fsync(handle.fileno())
+
+    learner = Learner(start_dir, cfg, publish_root=publish_root, mark_published=save_optimizer,
+                      sinks=[StoreSink(store, run_id), ConsoleSink()], version=version,
+                      step=step, last_sequence=last_seq)
+    if (start_dir / OPTIMIZER_FILE).exists():
+        learner.optimizer.load_state_dict(torch.load(start_dir / OPTIMIZER_FILE))
+    log(json.dumps({"event": "learner started", "run_id": run_id, "version": version,
+                    "step": step, "last_seq": last_seq, "redo_steps": forgotten,
+                    "from": str(start_dir)}), flush=True)
+    source = StoreSource(store, run_id, pad_id=learner.pad_id)
+    while learner.step < steps:
+        batch = take_batch(source, learner.last_sequence, cfg.batch_size)
+        if len(batch) < cfg.batch_size:
+            if source.finished(learner.last_sequence):
+                log(json.dumps({"event": "stream finished before the last step"}), flush=True)
+                break
+            time.sleep(poll_s)
+            continue
+        learner.rl_step(batch, baseline_peers=source.peers(batch))
+    store.close()
+    return 0

@@ -35,17 +35,22 @@ def serve_command(
     session_cache_mb: float = typer.Option(256.0, min=0.0, help="KV kept for sessions between turns"),
     seed: int = typer.Option(0, help="seed of the sampler for requests without their own seed"),
     threads: int = typer.Option(1, min=1, help="torch CPU threads (1 is fastest for tiny models)"),
+    max_model_len: int | None = typer.Option(
+        None, min=2, help="context length cap (default: the model's); bounds KV memory"),
     served_model_name: str | None = typer.Option(None, help="name in /v1/models (default: --model)"),
     log_level: str = typer.Option("warning", help="uvicorn log level"),
 ) -> None:
     """Serve MODEL over HTTP: vLLM-compatible /v1/completions plus the stalewise routes."""
-    from engine.checkpoint import CheckpointError
-    from engine.server import serve
+    from engine.checkpoint import CheckpointError, read_config
 
     try:
+        read_config(model)  # fail fast, before importing torch
+        from engine.server import serve
+
         serve(model, host=host, port=port, port_file=port_file, version=initial_version,
               max_batch=max_batch, session_cache_mb=session_cache_mb, seed=seed, threads=threads,
-              served_model_name=served_model_name, log_level=log_level)
+              max_model_len=max_model_len, served_model_name=served_model_name,
+              log_level=log_level)
     except CheckpointError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc

@@ -140,7 +140,7 @@ class EngineClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def __aenter__(self) -> "EngineClient":
+    async def __aenter__(self) -> EngineClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -322,7 +322,7 @@ class EngineClient:
                               cached_prompt_tokens=acc.cached_tokens,
                               engine_id=f"vllm@{self.base_url}")
 
-    async def _stream_vllm(self, path: str, body: dict, acc: "_VllmAccumulator") -> None:
+    async def _stream_vllm(self, path: str, body: dict, acc: _VllmAccumulator) -> None:
         try:
             async with self._http.stream("POST", path, json=body,
                                          timeout=self._timeout(self.timeouts.generate)) as response:

@@ -1,0 +1,183 @@
+"""Embedded-engine throughput, side by side with transformers `generate()`, in one run.
+
+    .venv/bin/python bench/engine.py [--tokens 128] [--prompt 32] [--sessions 1,8,32]
+
+Prints, for each number of concurrent sessions B:
+- engine (HTTP): B concurrent `generate` calls through `EngineClient` to a real
+  `stalewise engine serve` child process; aggregate sampled tokens/s over the wall time;
+- engine (in-process): the same requests submitted straight to the engine core;
+- HF generate: one static batch of B prompts through `model.generate()` (sampling, KV cache)
+  in this process, same model, same prompt length, same number of new tokens, same threads;
+and the prefill tokens saved by session KV retention on a 10-turn conversation.
+
+Each figure is the median of `--repeats` runs, alternating the contenders so machine noise
+hits all of them alike. Targets (issue 5): 32 sessions >= 4x the single-session rate, and
+>= 1.0x the static-batch generate() rate at equal batch size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# This file is named engine.py: keep `import engine` pointing at the package, not at this script.
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
+sys.path.insert(0, str(_ROOT))
+
+import anyio
+
+
+def hf_rate(model, batch: int, prompt_len: int, new_tokens: int) -> float:
+    import torch
+
+    input_ids = torch.randint(10, model.config.vocab_size, (batch, prompt_len))
+    start = time.perf_counter()
+    model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True,
+                   temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
+                   min_new_tokens=new_tokens, pad_token_id=model.config.pad_token_id)
+    return batch * new_tokens / (time.perf_counter() - start)
+
+
+def prompts(batch: int, prompt_len: int, vocab: int, seed: int) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab) for _ in range(prompt_len)] for _ in range(batch)]
+
+
+async def http_rate(url: str, batch: int, prompt_len: int, new_tokens: int, vocab: int,
+                    seed: int) -> float:
+    from orchestrator.engine_client import EngineClient
+    from stalewise.engine_api import GenerateRequest, SamplingParams
+
+    params = SamplingParams(max_tokens=new_tokens)
+    async with EngineClient(url, ignore_eos=True) as client:
+        requests = [GenerateRequest(p, params) for p in prompts(batch, prompt_len, vocab, seed)]
+        total = 0
+
+        async def one(request: GenerateRequest) -> None:
+            nonlocal total
+            sampled = len((await client.generate(request)).tokens)
+            total += sampled  # not `total += await ...`: that reads `total` before awaiting
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as group:
+            for request in requests:
+                group.start_soon(one, request)
+        return total / (time.perf_counter() - start)
+
+
+def core_rate(engine, batch: int, prompt_len: int, new_tokens: int, seed: int) -> float:
+    from engine.requests import SamplingSpec
+
+    spec = SamplingSpec(max_tokens=new_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    futures = [engine.submit(p, spec) for p in prompts(batch, prompt_len, engine.vocab_size, seed)]
+    total = sum(len(f.result().token_ids) for f in futures)
+    return total / (time.perf_counter() - start)
+
+
+async def conversation(url: str, turns: int, *, retain: bool, vocab: int) -> dict[str, float]:
+    """A multi-turn trajectory: each turn re-sends the whole context plus a tool result."""
+    from orchestrator.engine_client import EngineClient
+    from stalewise.engine_api import GenerateRequest, SamplingParams
+
+    context = prompts(1, 64, vocab, seed=7)[0]
+    tool_results = prompts(turns, 16, vocab, seed=8)
+    prompt_total = cached_total = 0
+    session = f"bench-{time.monotonic_ns()}" if retain else None
+    start = time.perf_counter()
+    async with EngineClient(url, ignore_eos=True) as client:
+        for turn in range(turns):
+            result = await client.generate(GenerateRequest(
+                context, SamplingParams(max_tokens=24, seed=turn), session_id=session))
+            prompt_total += result.prompt_tokens
+            cached_total += result.cached_prompt_tokens
+            context = context + [int(t) for t in result.tokens.token_ids] + tool_results[turn]
+        if session:
+            await client.release_session(session)
+    return {"prompt": prompt_total, "cached": cached_total,
+            "prefilled": prompt_total - cached_total, "seconds": time.perf_counter() - start}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=128, help="new tokens per session")
+    parser.add_argument("--prompt", type=int, default=32, help="prompt tokens per session")
+    parser.add_argument("--sessions", default="1,8,32", help="concurrent sessions to measure")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, both contenders")
+    parser.add_argument("--model", type=Path, default=None, help="checkpoint (default: tiny)")
+    args = parser.parse_args()
+    sessions = [int(s) for s in args.sessions.split(",")]
+
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from engine.checkpoint import load_model
+    from engine.core import Engine
+    from engine.launch import EngineProcess
+    from engine.tiny import init_tiny
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = args.model or init_tiny(Path(tmp) / "tiny")
+        model = load_model(model_dir)
+        vocab = model.config.vocab_size
+        n_params = sum(p.numel() for p in model.parameters())
+        core = Engine(model_dir, max_batch=max(sessions))
+        core.start()
+        results: dict[int, dict[str, list[float]]] = {
+            b: {"http": [], "core": [], "hf": []} for b in sessions}
+        with EngineProcess.start(model_dir, threads=args.threads, max_batch=max(sessions)) as server:
+            for b in sessions:  # warm-up
+                anyio.run(http_rate, server.url, b, args.prompt, 8, vocab, 0)
+                core_rate(core, b, args.prompt, 8, 0)
+                hf_rate(model, b, args.prompt, 8)
+            for repeat in range(args.repeats):
+                for b in sessions:
+                    results[b]["http"].append(anyio.run(http_rate, server.url, b, args.prompt,
+                                                        args.tokens, vocab, repeat))
+                    results[b]["core"].append(core_rate(core, b, args.prompt, args.tokens, repeat))
+                    results[b]["hf"].append(hf_rate(model, b, args.prompt, args.tokens))
+            convo = {retain: anyio.run(lambda r=retain: conversation(
+                server.url, args.turns, retain=r, vocab=vocab)) for retain in (False, True)}
+        core.stop()
+
+    median = {b: {k: statistics.median(v) for k, v in r.items()} for b, r in results.items()}
+    print(f"model: {model_dir if args.model else 'tiny'} ({n_params / 1e6:.2f}M params), "
+          f"prompt {args.prompt}, {args.tokens} new tokens/session, torch threads {args.threads}, "
+          f"median of {args.repeats}")
+    print(f"{'sessions':>8} | {'engine HTTP tok/s':>17} | {'engine core tok/s':>17} | "
+          f"{'HF generate tok/s':>17} | {'HTTP/HF':>7} | {'core/HF':>7}")
+    for b in sessions:
+        m = median[b]
+        print(f"{b:>8} | {m['http']:>17.0f} | {m['core']:>17.0f} | {m['hf']:>17.0f} | "
+              f"{m['http'] / m['hf']:>7.2f} | {m['core'] / m['hf']:>7.2f}")
+    if 1 in median and 32 in median:
+        scale_http = median[32]["http"] / median[1]["http"]
+        scale_core = median[32]["core"] / median[1]["core"]
+        print(f"32 sessions vs 1: HTTP {scale_http:.1f}x, core {scale_core:.1f}x (target >= 4x): "
+              f"{'PASS' if scale_http >= 4 else 'FAIL'}")
+    worst = min(median[b]["http"] / median[b]["hf"] for b in sessions)
+    print(f"engine HTTP vs HF generate at equal batch, worst ratio {worst:.2f} (target >= 1.0): "
+          f"{'PASS' if worst >= 1.0 else 'FAIL'}")
+    off, on = convo[False], convo[True]
+    saved = off["prefilled"] - on["prefilled"]
+    print(f"{args.turns}-turn conversation: prompt tokens {on['prompt']:.0f}; prefilled without "
+          f"session KV {off['prefilled']:.0f}, with {on['prefilled']:.0f} (cache hits "
+          f"{on['cached']:.0f}); saved {saved:.0f} prefill tokens "
+          f"({100 * saved / max(off['prefilled'], 1):.0f}%); wall {off['seconds']:.3f}s -> "
+          f"{on['seconds']:.3f}s")
+
+
+if __name__ == "__main__":
+    main()

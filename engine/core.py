@@ -1,0 +1,598 @@
+"""The embedded engine: continuous batching with exact per-token provenance.
+
+One thread (the engine thread) owns the model, the KV rows, the session store and every
+sequence; other threads talk to it only through commands, answered by futures. Each step:
+
+1. apply commands (new requests, aborts, pause/resume, weight updates, session release);
+2. admit waiting requests into free rows (new sequences join between decode steps): restore
+   the session's retained KV for the longest common prefix, prefill only the rest;
+3. decode one token for every sequence admitted in an earlier step, in one batched forward;
+4. sample every row from its processed distribution and record, per token: id, processed
+   log-prob, weights version of the forward, oldest version among the KV entries it attended
+   to, seconds since the request arrived, and optionally the top-k of the processed
+   distribution;
+5. finish sequences (stop id, EOS, max_tokens, context limit, abort), keep their KV for their
+   session, and compact the rows.
+
+Guarantees: weights change only between two steps. `inflight` updates apply at the next step
+boundary and running sequences continue under the new weights; with `kv=recompute` their
+context is re-prefilled under the new weights first (retained session caches are dropped), with
+`kv=retain` the old entries stay and the tokens that attend to them carry the older KV version.
+`drain` stops admitting, lets running sequences finish under the old weights, then swaps.
+Within a sequence the weights version never decreases. Every submitted request ends with an
+output (finish reason `stop`, `length` or `abort`) or, if the engine stops or fails, with an
+exception on its future.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.checkpoint import (
+    assign_state_dict,
+    eos_token_ids,
+    load_model,
+    read_config,
+    read_state_dict,
+)
+from engine.forward import RowForward
+from engine.metrics import EngineMetrics
+from engine.requests import (
+    EngineOutput,
+    EngineStopped,
+    KvPolicy,
+    PauseMode,
+    RequestError,
+    SamplingSpec,
+    TokenEvent,
+    UpdateMode,
+    UpdateReport,
+)
+from engine.sampling import sample
+from engine.sessions import SessionCache, SessionStore, VersionSpans
+
+log = logging.getLogger("stalewise.engine")
+
+TokenListener = Callable[[TokenEvent], None]
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: list[int]
+    spec: SamplingSpec
+    session_id: str | None
+    arrival: float
+    future: Future
+    listener: TokenListener | None
+
+
+@dataclass
+class _Sequence:
+    request: _Request
+    row: int
+    context: list[int]
+    n_fed: int
+    spans: VersionSpans
+    output: EngineOutput
+    stop_ids: frozenset[int]
+    generator: torch.Generator | None
+    finish: str | None = None
+
+
+@dataclass
+class _Update:
+    state: dict[str, torch.Tensor]
+    version: int
+    path: str
+    mode: UpdateMode
+    kv: KvPolicy
+    received: float
+    future: Future
+
+
+@dataclass
+class _Command:
+    kind: str
+    future: Future
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+def _copy_outcome(source: Future, target: Future) -> None:
+    if source.exception() is not None:
+        target.set_exception(source.exception())
+    else:
+        target.set_result(source.result())
+
+
+class Engine:
+    """Continuous-batching engine over one Hugging Face checkpoint (see module docstring)."""
+
+    def __init__(self, model_dir: str | Path, *, version: int = 0, max_batch: int = 64,
+                 session_budget_mb: float = 256.0, seed: int = 0,
+                 max_prefill_tokens: int = 4096, max_model_len: int | None = None,
+                 engine_id: str | None = None) -> None:
+        self.model_dir = Path(model_dir)
+        read_config(self.model_dir)
+        self.model = load_model(self.model_dir)
+        self.forward = RowForward(self.model, rows=max_batch, max_len=max_model_len)
+        self.eos_ids = frozenset(eos_token_ids(self.model_dir, self.model))
+        self.vocab_size = self.forward.vocab_size
+        self.max_len = self.forward.max_len
+        self.max_batch = max_batch
+        self.max_prefill_tokens = max_prefill_tokens
+        self.engine_id = engine_id or f"stalewise-{uuid.uuid4().hex[:8]}"
+        self.version = version
+        self.weights_path = str(self.model_dir)
+        self.metrics = EngineMetrics()
+        self.sessions = SessionStore(int(session_budget_mb * 2**20))
+        self._generator = torch.Generator().manual_seed(seed)
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._waiting: deque[_Request] = deque()
+        self._active: list[_Sequence] = []
+        self._updates: deque[_Update] = deque()
+        self._pause_waiters: list[Future] = []
+        self._paused = False
+        self._stopping = False
+        self._failure: BaseException | None = None
+        self._accepted_version = version
+        self._accepted_path = str(self.model_dir)
+        self._thread: threading.Thread | None = None
+
+    # ---- public, thread-safe -------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="stalewise-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._thread is None:
+            return
+        self._send("stop")
+        self._thread.join(timeout)
+        self._thread = None
+        # commands that raced the shutdown still get an answer
+        self._fail_everything(EngineStopped("engine stopped"))
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failure
+
+    def submit(self, prompt_token_ids: list[int], spec: SamplingSpec, *,
+               session_id: str | None = None, request_id: str | None = None,
+               listener: TokenListener | None = None) -> Future:
+        """Queue a request; the future resolves to an `EngineOutput`. Raises `RequestError`."""
+        prompt = [int(t) for t in prompt_token_ids]
+        self._validate_prompt(prompt, spec)
+        request = _Request(request_id or uuid.uuid4().hex, prompt, spec, session_id,
+                           time.monotonic(), Future(), listener)
+        self._send("submit", request=request, future=request.future)
+        return request.future
+
+    def load_weights(self, path: str | Path) -> dict[str, torch.Tensor]:
+        """Read and validate a checkpoint (any thread; decoding continues meanwhile)."""
+        return read_state_dict(path, self.model)
+
+    def update_weights(self, state: dict[str, torch.Tensor], *, version: int, path: str,
+                       mode: UpdateMode = "inflight", kv: KvPolicy = "recompute") -> Future:
+        """Queue a weight swap; the future resolves to an `UpdateReport` once it is applied."""
+        if mode not in ("inflight", "drain"):
+            raise RequestError(f"mode must be 'inflight' or 'drain', got {mode!r}")
+        if kv not in ("retain", "recompute"):
+            raise RequestError(f"kv must be 'retain' or 'recompute', got {kv!r}")
+        future: Future = Future()
+        update = _Update(state, int(version), str(path), mode, kv, time.monotonic(), future)
+        self._send("update", update=update, future=future)
+        return future
+
+    def pause(self, mode: PauseMode = "keep") -> Future:
+        if mode not in ("keep", "wait", "abort"):
+            raise RequestError(f"pause mode must be 'keep', 'wait' or 'abort', got {mode!r}")
+        return self._send("pause", mode=mode)
+
+    def resume(self) -> Future:
+        return self._send("resume")
+
+    def abort(self, request_id: str | None = None) -> Future:
+        """Abort one request (or all, with None); resolves to the number aborted."""
+        return self._send("abort", request_id=request_id)
+
+    def release_session(self, session_id: str) -> Future:
+        """Forget a session's retained KV; resolves to the number of tokens released."""
+        return self._send("release", session_id=session_id)
+
+    def reset_cache(self, reset_running: bool = False) -> Future:
+        """Drop retained session caches; with `reset_running`, re-prefill running sequences."""
+        return self._send("reset", reset_running=reset_running)
+
+    def snapshot(self) -> dict[str, float]:
+        return self.metrics.snapshot(
+            running=len(self._active), waiting=len(self._waiting), paused=self._paused,
+            version=self.version, sessions=len(self.sessions),
+            session_tokens=self.sessions.tokens, session_evicted=self.sessions.evicted)
+
+    # ---- validation ------------------------------------------------------------------------
+    def _validate_prompt(self, prompt: list[int], spec: SamplingSpec) -> None:
+        if not prompt:
+            raise RequestError("prompt_token_ids is empty; send at least one token id")
+        if len(prompt) >= self.max_len:
+            raise RequestError(f"prompt has {len(prompt)} tokens; the model's context is "
+                               f"{self.max_len}, so at most {self.max_len - 1} fit with one "
+                               f"sampled token")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary "
+                               f"[0, {self.vocab_size})")
+        bad = [t for t in spec.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"stop token id {bad[0]} is outside the vocabulary "
+                               f"[0, {self.vocab_size})")
+
+    def _send(self, kind: str, future: Future | None = None, **args: Any) -> Future:
+        future = future or Future()
+        if self._failure is not None:
+            future.set_exception(EngineStopped(f"engine failed: {self._failure!r}"))
+            return future
+        if self._thread is None and kind != "stop":
+            future.set_exception(EngineStopped("engine is not running; call start() first"))
+            return future
+        self._commands.put(_Command(kind, future, args))
+        return future
+
+    # ---- engine thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)  # per thread: nothing the engine computes needs autograd
+        try:
+            while not self._stopping:
+                self._take_commands(block=not self._has_work())
+                if self._stopping:
+                    break
+                self._apply_ready_updates()
+                self._settle_pause_waiters()
+                if self._has_work():
+                    self._step()
+        except BaseException as exc:  # a broken forward must not leave callers waiting forever
+            log.exception("engine thread failed")
+            self._failure = exc
+        finally:
+            self._fail_everything(EngineStopped(
+                "engine stopped" if self._failure is None else f"engine failed: {self._failure!r}"))
+
+    def _admission_blocked(self) -> bool:
+        return self._paused or bool(self._pause_waiters) or any(
+            u.mode == "drain" for u in self._updates)
+
+    def _has_work(self) -> bool:
+        if self._paused:
+            return False
+        return bool(self._active) or (bool(self._waiting) and not self._admission_blocked())
+
+    def _take_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, command: _Command) -> None:
+        kind, future, args = command.kind, command.future, command.args
+        if kind == "submit":
+            self._waiting.append(args["request"])
+        elif kind == "stop":
+            self._stopping = True
+            future.set_result(None)
+        elif kind == "update":
+            self._accept_update(args["update"])
+        elif kind == "pause":
+            self._start_pause(args["mode"], future)
+        elif kind == "resume":  # also settles a pause(wait) still waiting: paused, then resumed
+            self._paused = False
+            for waiter in self._pause_waiters:
+                waiter.set_result(None)
+            self._pause_waiters.clear()
+            future.set_result(None)
+        elif kind == "abort":
+            future.set_result(self._abort(args["request_id"]))
+        elif kind == "release":
+            cache = self.sessions.pop(args["session_id"])
+            future.set_result(0 if cache is None else len(cache.token_ids))
+        elif kind == "reset":
+            future.set_result(self._reset(args["reset_running"]))
+        else:  # pragma: no cover - programming error
+            future.set_exception(ValueError(f"unknown engine command {kind!r}"))
+
+    # ---- pause / abort / reset -------------------------------------------------------------
+    def _start_pause(self, mode: PauseMode, future: Future) -> None:
+        if mode == "abort":
+            self._abort(None)
+        if mode == "wait" and self._active:
+            self._pause_waiters.append(future)
+            return
+        self._paused = True
+        future.set_result(None)
+
+    def _settle_pause_waiters(self) -> None:
+        if self._pause_waiters and not self._active:
+            self._paused = True
+            for future in self._pause_waiters:
+                future.set_result(None)
+            self._pause_waiters.clear()
+
+    def _abort(self, request_id: str | None) -> int:
+        count = 0
+        for request in list(self._waiting):
+            if request_id is None or request.request_id == request_id:
+                self._waiting.remove(request)
+                output = EngineOutput(request.request_id, len(request.prompt), 0,
+                                      request.spec.logprobs_topk, finish_reason="abort")
+                request.future.set_result(output)
+                count += 1
+        for seq in self._active:
+            if request_id is None or seq.request.request_id == request_id:
+                seq.finish = "abort"
+                count += 1
+        self._retire_finished()
+        self.metrics.aborted += count
+        return count
+
+    def _reset(self, reset_running: bool) -> dict[str, int]:
+        dropped = self.sessions.clear()
+        recomputed = self._recompute_running() if reset_running else 0
+        return {"sessions_dropped": dropped, "recomputed_tokens": recomputed}
+
+    def _recompute_running(self) -> int:
+        start = time.perf_counter()
+        total = 0
+        for seq in self._active:
+            if seq.n_fed:
+                self.forward.prefill(seq.row, seq.context[: seq.n_fed], 0)
+                seq.spans.reset(seq.n_fed, self.version)
+                total += seq.n_fed
+        self.metrics.add_prefill(time.perf_counter() - start, total)
+        self.metrics.recomputed_tokens += total
+        return total
+
+    # ---- weight updates ----------------------------------------------------------------------
+    def _accept_update(self, update: _Update) -> None:
+        if update.version == self._accepted_version and update.path == self._accepted_path:
+            pending = next((u for u in self._updates if u.version == update.version), None)
+            if pending is not None:  # a retry of an update still waiting (drain): same outcome
+                pending.future.add_done_callback(lambda done: _copy_outcome(done, update.future))
+            else:
+                update.future.set_result(UpdateReport(
+                    update.version, update.version, update.path, update.mode, update.kv,
+                    0.0, 0.0, 0, 0, 0, already_applied=True))
+            return
+        if update.version <= self._accepted_version:
+            update.future.set_exception(RequestError(
+                f"weights version {update.version} is not newer than version "
+                f"{self._accepted_version} already accepted; publish versions in increasing order"))
+            return
+        self._accepted_version = update.version
+        self._accepted_path = update.path
+        self._updates.append(update)
+
+    def _apply_ready_updates(self) -> None:
+        while self._updates:
+            update = self._updates[0]
+            if update.mode == "drain" and self._active:
+                return
+            self._updates.popleft()
+            self._apply_update(update)
+
+    def _apply_update(self, update: _Update) -> None:
+        start = time.perf_counter()
+        previous = self.version
+        assign_state_dict(self.model, update.state)
+        self.forward.refresh_weights()
+        self.version = update.version
+        self.weights_path = update.path
+        recomputed = invalidated = 0
+        if update.kv == "recompute":
+            invalidated = self.sessions.clear()
+            recomputed = self._recompute_running()
+        pause = time.perf_counter() - start
+        self.metrics.add_update(pause)
+        update.future.set_result(UpdateReport(
+            version=update.version, previous_version=previous, path=update.path,
+            mode=update.mode, kv=update.kv, wait_s=time.monotonic() - update.received - pause,
+            pause_s=pause, in_flight_sequences=len(self._active), recomputed_tokens=recomputed,
+            invalidated_sessions=invalidated))
+
+    # ---- one step ------------------------------------------------------------------------------
+    def _step(self) -> None:
+        n_old = len(self._active)
+        new_logits: list[torch.Tensor] = []
+        if not self._admission_blocked():
+            new_logits = self._admit()
+        logits_parts = []
+        if n_old:
+            start = time.perf_counter()
+            old = self._active[:n_old]
+            ids_B = torch.tensor([s.context[s.n_fed] for s in old])
+            positions_B = torch.tensor([s.n_fed for s in old])
+            logits_parts.append(self.forward.decode(ids_B, positions_B))
+            for seq in old:
+                seq.n_fed += 1
+                seq.spans.append(1, self.version)
+            self.metrics.add_decode(time.perf_counter() - start, n_old)
+        if new_logits:
+            logits_parts.append(torch.stack(new_logits))
+        if logits_parts:
+            self._sample(torch.cat(logits_parts) if len(logits_parts) > 1 else logits_parts[0])
+        self._retire_finished()
+
+    def _admit(self) -> list[torch.Tensor]:
+        logits: list[torch.Tensor] = []
+        budget = self.max_prefill_tokens
+        start = time.perf_counter()
+        prefilled = 0
+        while self._waiting and len(self._active) < self.max_batch:
+            request = self._waiting[0]
+            if logits and len(request.prompt) > budget:
+                break
+            self._waiting.popleft()
+            seq, count = self._place(request)
+            logits.append(self.forward.prefill(seq.row, seq.context[seq.n_fed:], seq.n_fed))
+            seq.spans.append(len(seq.context) - seq.n_fed, self.version)
+            seq.n_fed = len(seq.context)
+            budget -= count
+            prefilled += count
+        if logits:
+            self.metrics.add_prefill(time.perf_counter() - start, prefilled)
+        return logits
+
+    def _place(self, request: _Request) -> tuple[_Sequence, int]:
+        """Put a request into the next free row, restoring its session's KV prefix."""
+        spec = request.spec
+        stop_ids = frozenset(spec.stop_token_ids) | (frozenset() if spec.ignore_eos else self.eos_ids)
+        generator = None if spec.seed is None else torch.Generator().manual_seed(spec.seed)
+        output = EngineOutput(request.request_id, len(request.prompt), 0, spec.logprobs_topk)
+        seq = _Sequence(request, len(self._active), list(request.prompt), 0, VersionSpans(),
+                        output, stop_ids, generator)
+        self._active.append(seq)  # from here on a failure resolves its future
+        cache = self.sessions.pop(request.session_id) if request.session_id else None
+        if cache is not None:
+            cached = min(cache.common_prefix(request.prompt), len(request.prompt) - 1)
+            if cached > 0:
+                self.forward.write_row(seq.row, cache.kv, cached)
+                seq.spans = cache.spans.copy()
+                seq.spans.truncate(cached)
+                seq.n_fed = output.cached_prompt_tokens = cached
+        self.metrics.add_prompt(len(request.prompt), seq.n_fed,
+                                session=request.session_id is not None)
+        return seq, len(request.prompt) - seq.n_fed
+
+    def _sample(self, logits_B_V: torch.Tensor) -> None:
+        start = time.perf_counter()
+        seqs = self._active
+        batch = len(seqs)
+        specs = [s.request.spec for s in seqs]
+        suppress = None
+        for i, seq in enumerate(seqs):
+            # min_tokens: stop ids get no mass yet (unless that would leave no token at all)
+            if (len(seq.output.token_ids) < seq.request.spec.min_tokens
+                    and 0 < len(seq.stop_ids) < self.vocab_size):
+                if suppress is None:
+                    suppress = torch.zeros(batch, self.vocab_size, dtype=torch.bool)
+                suppress[i, list(seq.stop_ids)] = True
+        uniforms_B = torch.rand(batch, generator=self._generator, dtype=torch.float64)
+        for i, seq in enumerate(seqs):
+            if seq.generator is not None:
+                uniforms_B[i] = torch.rand((), generator=seq.generator, dtype=torch.float64)
+        topk = max(s.logprobs_topk for s in specs)
+        out = sample(logits_B_V,
+                     torch.tensor([s.temperature for s in specs], dtype=torch.float32),
+                     torch.tensor([s.top_k for s in specs]),
+                     torch.tensor([s.top_p for s in specs], dtype=torch.float32),
+                     uniforms_B, topk=topk, suppress_B_V=suppress)
+        token_ids = out.token_ids_B.tolist()
+        logprobs = out.logprobs_B.tolist()
+        topk_ids = out.topk_ids_B_K.tolist() if topk else None
+        topk_lps = out.topk_logprobs_B_K.tolist() if topk else None
+        now = time.monotonic()
+        for i, seq in enumerate(seqs):
+            self._record(seq, token_ids[i], logprobs[i], now,
+                         topk_ids[i] if topk_ids else None, topk_lps[i] if topk_lps else None)
+        self.metrics.add_sample(time.perf_counter() - start, batch)
+
+    def _record(self, seq: _Sequence, token: int, logprob: float, now: float,
+                topk_ids: list[int] | None, topk_lps: list[float] | None) -> None:
+        out, spec = seq.output, seq.request.spec
+        kv_version = seq.spans.oldest()
+        kv_version = self.version if kv_version is None else kv_version
+        offset = now - seq.request.arrival
+        out.token_ids.append(token)
+        out.sampler_logprobs.append(logprob)
+        out.weights_versions.append(self.version)
+        out.kv_versions.append(kv_version)
+        out.time_offsets.append(offset)
+        k = spec.logprobs_topk
+        event_topk_ids = event_topk_lps = None
+        if k:
+            event_topk_ids, event_topk_lps = topk_ids[:k], topk_lps[:k]
+            out.topk_ids.append(event_topk_ids)
+            out.topk_logprobs.append(event_topk_lps)
+        seq.context.append(token)
+        if token in seq.stop_ids:
+            seq.finish = "stop"
+        elif len(out.token_ids) >= spec.max_tokens or len(seq.context) >= self.max_len:
+            seq.finish = "length"
+        if seq.request.listener is not None:
+            event = TokenEvent(len(out.token_ids) - 1, token, logprob, self.version, kv_version,
+                               offset, event_topk_ids, event_topk_lps)
+            try:
+                seq.request.listener(event)
+            except Exception:  # a broken listener loses its stream, not the engine
+                log.exception("token listener of request %s failed", seq.request.request_id)
+                seq.request.listener = None
+
+    def _retire_finished(self) -> None:
+        """Finish sequences marked done: keep their session KV, free and compact their rows."""
+        index = len(self._active) - 1
+        while index >= 0:
+            seq = self._active[index]
+            if seq.finish is not None:
+                self._finish(seq)
+                last = self._active.pop()
+                if last is not seq:
+                    self.forward.copy_row(last.row, seq.row, last.n_fed)
+                    last.row = seq.row
+                    self._active[index] = last
+            index -= 1
+
+    def _finish(self, seq: _Sequence) -> None:
+        request = seq.request
+        if request.session_id is not None and seq.n_fed > 0:
+            kv = self.forward.read_row(seq.row, seq.n_fed)
+            spans = seq.spans.copy()
+            spans.truncate(seq.n_fed)
+            nbytes = seq.n_fed * self.forward.bytes_per_token()
+            self.sessions.put(request.session_id,
+                              SessionCache(seq.context[: seq.n_fed], kv, spans, nbytes))
+        seq.output.finish_reason = seq.finish  # type: ignore[assignment]
+        self.metrics.finished += 1
+        request.future.set_result(seq.output)
+
+    def _fail_everything(self, error: BaseException) -> None:
+        for seq in self._active:
+            if not seq.request.future.done():
+                seq.request.future.set_exception(error)
+        self._active.clear()
+        for request in self._waiting:
+            if not request.future.done():
+                request.future.set_exception(error)
+        self._waiting.clear()
+        for update in self._updates:
+            update.future.set_exception(error)
+        self._updates.clear()
+        for future in self._pause_waiters:
+            future.set_exception(error)
+        self._pause_waiters.clear()
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if not command.future.done():
+                command.future.set_exception(error)

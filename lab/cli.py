@@ -10,8 +10,12 @@ Both print a table and write JSON and PNG plots (default directory: the config's
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from lab.config import LabConfig
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -21,7 +25,7 @@ JSON_OPT = typer.Option(None, "--json", help="JSON output path (default OUT_DIR/
 OUT_OPT = typer.Option(None, "--out-dir", help="directory for plots (default: output_dir)")
 
 
-def _load(config: Path, quick: bool):
+def _load(config: Path, quick: bool) -> LabConfig:
     from lab.config import load_lab_config
     from stalewise.config_errors import ConfigError
 

@@ -28,41 +28,17 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from stalewise.children import death_signal_hook
+
 
 class LaunchError(RuntimeError):
     """The engine process did not come up; the message carries its log tail."""
-
-
-def _death_signal() -> Callable[[], None] | None:
-    """A pre-exec hook that makes the kernel SIGTERM the child when its parent dies (Linux).
-
-    prctl is looked up here, in the parent: the hook runs between fork and exec, where it must
-    not import or take locks. The kernel sends the signal when the *thread* that forked exits,
-    so only the main thread can use it; a child started from a worker thread (anyio.to_thread)
-    would die when the pool retires that thread.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    sigterm = int(signal.SIGTERM)
-
-    def hook() -> None:
-        prctl(1, sigterm)  # PR_SET_PDEATHSIG
-
-    return hook
 
 
 @dataclass
@@ -148,6 +124,10 @@ class EngineProcess:
     def log_tail(self, chars: int = 4000) -> str:
         return self._child.log_tail(chars)
 
+    def poll(self) -> int | None:
+        """The exit code if the server has exited, else None."""
+        return self._child.process.poll()
+
     @classmethod
     def start(cls, model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 0,
               initial_version: int = 0, max_batch: int = 64, session_cache_mb: float = 256.0,
@@ -174,7 +154,7 @@ class EngineProcess:
         with open(log, "ab") as log_file:
             process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=child_env, cwd=root,
-                                       preexec_fn=_death_signal())
+                                       preexec_fn=death_signal_hook())
         started = time.monotonic()
         try:
             bound = _wait_port_file(port_file, process, startup_timeout, log)
@@ -232,7 +212,7 @@ class VllmProcess(EngineProcess):
             try:
                 process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL, env=child_env,
-                                           preexec_fn=_death_signal())
+                                           preexec_fn=death_signal_hook())
             except FileNotFoundError as exc:
                 raise LaunchError("`vllm` is not on PATH; install it on a GPU machine with "
                                   "`pip install vllm` (see docs/engine.md)") from exc

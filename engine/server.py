@@ -260,5 +260,8 @@ def serve(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
         tmp = Path(f"{port_file}.tmp")
         tmp.write_text(str(sock.getsockname()[1]))
         os.replace(tmp, port_file)
-    config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5)
+    # Keep idle connections longer than the client does (httpx: 5 s), so the server never
+    # closes a connection the client is about to reuse (a ReadError on a request it sent).
+    config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5,
+                            timeout_keep_alive=75)
     uvicorn.Server(config).run(sockets=[sock])

@@ -15,8 +15,8 @@ and sequence number, and continues with new groups until the learner reaches its
 from __future__ import annotations
 
 import json
-import os
 import secrets
+import signal
 import time
 import traceback
 from contextlib import AsyncExitStack
@@ -128,14 +128,31 @@ def describe_failure(exc: BaseException) -> str:
 
 def run_job(job: JobConfig, *, config_path: Path | None = None, resume: str | None = None) -> int:
     configure_logging(job.run.log_format)
-    try:
-        return anyio.run(_run, job, resume)
-    except KeyboardInterrupt:
-        log.error("interrupted")
-        return 130
+    return anyio.run(_run_until_signalled, job, resume)
 
 
-async def _run(job: JobConfig, resume: str | None) -> int:
+async def _run_until_signalled(job: JobConfig, resume: str | None) -> int:
+    """SIGTERM / SIGINT cancel the job cleanly: the run is recorded as aborted, children stopped."""
+    outcome: dict[str, int | str] = {}
+
+    async def main() -> None:
+        outcome["code"] = await _run(job, resume, outcome)
+        tg.cancel_scope.cancel()
+
+    async def signals() -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+            async for number in received:
+                outcome["signal"] = signal.Signals(number).name
+                tg.cancel_scope.cancel()
+                return
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(signals)
+        tg.start_soon(main)
+    return int(outcome.get("code", 130 if outcome.get("signal") == "SIGINT" else 143))
+
+
+async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
     store = Store.open(job.run.db_url, create=True)
     run_id = resume or new_run_id(job.run.name)
     bind_run(run_id)
@@ -155,8 +172,8 @@ async def _run(job: JobConfig, resume: str | None) -> int:
         version, path, _, _ = store.learner_progress(run_id)
         serve_dir = Path(path) if path else model_dir
         if job.engine.url is None:
-            engine_proc = await anyio.to_thread.run_sync(start_engine, job, serve_dir, version,
-                                                         run_dir)
+            # Started from the main thread (blocking briefly) so it dies with this process.
+            engine_proc = start_engine(job, serve_dir, version, run_dir)
         learner_proc = start_learner(job, run_id, model_dir, run_dir)
         summary = await _main(job, store, run_id, run_dir, model_dir, engine_proc, learner_proc,
                               version, resume is not None)
@@ -164,6 +181,11 @@ async def _run(job: JobConfig, resume: str | None) -> int:
         log.info("run finished", report=str(run_dir / "report.md"))
         return 0
     except BaseException as exc:  # record the failure, then let cancellation propagate
+        if "signal" in outcome:
+            store.set_run_status(run_id, "aborted", error=f"terminated by {outcome['signal']}; "
+                                 f"continue with: stalewise run --resume {run_id} CONFIG")
+            log.error("run aborted", signal=outcome["signal"])
+            raise
         message = describe_failure(exc)
         store.set_run_status(run_id, "failed", error=message + "\n" + traceback.format_exc())
         log.error("run failed", error=message)
@@ -171,11 +193,12 @@ async def _run(job: JobConfig, resume: str | None) -> int:
             return 1
         raise
     finally:
-        for proc in (learner_proc, engine_proc):
-            if proc is not None:
-                proc.stop()
-        await anyio.to_thread.run_sync(_remove_containers, job, run_id)
-        store.close()
+        with anyio.CancelScope(shield=True):
+            for proc in (learner_proc, engine_proc):
+                if proc is not None:
+                    proc.stop()
+            await anyio.to_thread.run_sync(_remove_containers, job, run_id)
+            store.close()
 
 
 def _remove_containers(job: JobConfig, run_id: str) -> None:
@@ -208,7 +231,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
             await tg.start(writer.run)
             await tg.start(pools.run)
             if engine_proc is not None:
-                tg.start_soon(watch, "engine", engine_proc._child.process.poll,
+                tg.start_soon(watch, "engine", engine_proc.poll,
                               engine_proc.log_tail)
             tg.start_soon(lambda: watch("learner", learner_proc.process.poll,
                                         learner_proc.log_tail, expected_exit=pipeline.done))

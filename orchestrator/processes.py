@@ -1,6 +1,8 @@
 """Child processes of a job (the learner; the engine has its own launcher in `engine.launch`).
 
-Guarantees: a child's output goes to a log file in the run directory; `stop` sends SIGTERM,
+Guarantees: a child started from the main thread dies with the job (SIGTERM on parent death,
+so a SIGKILLed orchestrator leaves no learner or engine behind); a child's output goes to a log
+file in the run directory; `stop` sends SIGTERM,
 waits, then SIGKILLs and always reaps it; `watch` raises `ChildDied` with the log's tail as soon
 as a child exits on its own, which fails the job's task group and so stops everything else.
 """
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 import anyio
+
+from stalewise.children import death_signal_hook
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +40,8 @@ class ChildProcess:
         with open(log_path, "ab") as log:
             process = subprocess.Popen([sys.executable, *argv], stdout=log,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=child_env, cwd=str(ROOT))
+                                       env=child_env, cwd=str(ROOT),
+                                       preexec_fn=death_signal_hook())
         return cls(name, process, log_path)
 
     @property

@@ -21,8 +21,13 @@ Contract (locked by tests/orchestrator/test_rollout_semantics.py):
   infrastructure error.
 - Records: every finished model call and tool call is reported to the recorder when it happens;
   the outcome is returned once, with timings, counts, versions and training segments.
-- Timeouts are explicit `anyio.fail_after` scopes: wall time around the turns, working time
-  around every engine and tool call, the tool's timeout, the engine timeout, the verifier's.
+- Timeouts are explicit cancel scopes with `anyio.fail_after` semantics: wall time around the
+  turns, working time around every engine and tool call, the tool's timeout, the engine
+  timeout, the verifier's. One scope per call carries the nearer of its own timeout and the
+  working-time limit, and none is made for a limit the wall-time scope would hit first.
+- Cost: a turn's work is proportional to its new tokens (prompt delta, sampled ids, the
+  format's continuation), not to the conversation, apart from copying the context into the
+  engine request (Hermes, and templates in incremental mode; see `tasks.chat.template`).
 - Sandboxes: the acquirer lends a started sandbox of the task's image and limits (a pool per
   image); the loop writes the task's files into it, and the hidden files after the last turn,
   right before the verifier runs.
@@ -347,6 +352,7 @@ class _Rollout:
             return await self._engine_call(request)
 
     async def _engine_call(self, request: GenerateRequest) -> GenerateResult:
+        """One engine call under the engine timeout and the working-time limit."""
         t0 = self.now()
         timeout = self.options.engine_timeout_s
         try:
@@ -537,14 +543,14 @@ class _Rollout:
         return tuple(self.conversation.messages) if self.conversation else tuple(self.task.prompt)
 
     def _final_text(self) -> str:
-        messages = [m for m in self._messages() if m.role == "assistant"]
-        return messages[-1].content if messages else ""
+        messages = self.conversation.messages if self.conversation else self.task.prompt
+        return next((m.content for m in reversed(messages) if m.role == "assistant"), "")
 
     async def _release_sessions(self) -> None:
         if not self.sessions:
             return
         sessions, self.sessions = self.sessions, set()
-        with anyio.CancelScope(shield=True), anyio.move_on_after(self.options.release_timeout_s):
+        with self._scope_type(shield=True, deadline=self.now() + self.options.release_timeout_s):
             for session in sorted(sessions):
                 try:
                     await self.engine.release_session(session)
@@ -567,8 +573,8 @@ class _Rollout:
                                                           self.sampled)):
                 if sampled:
                     segments.append(build_segment(index, tokens, sampled))
-        versions = [int(bound) for calls in self.sampled for call in calls if len(call)
-                    for bound in (call.weights_versions.min(), call.weights_versions.max())]
+        calls = [call.weights_versions for calls in self.sampled for call in calls]
+        versions = np.concatenate(calls) if calls else np.zeros(0, INT32)
         return TrajectoryOutcome(
             trajectory_id=self.id, task_key=self.task.key, task_hash=self.task.content_hash,
             family=self.task.family, difficulty=self.task.difficulty, status=status,
@@ -578,8 +584,8 @@ class _Rollout:
             engine_s=self.engine_s, tools_s=self.tools_s, waiting_s=self.waiting_s,
             verify_s=self.verify_s, turns=self.turns, sampled_tokens=self.sampled_tokens,
             tool_calls=self.tool_calls, malformed_calls=self.malformed,
-            min_weights_version=min(versions) if versions else None,
-            max_weights_version=max(versions) if versions else None,
+            min_weights_version=int(versions.min()) if len(versions) else None,
+            max_weights_version=int(versions.max()) if len(versions) else None,
             segments=tuple(segments), messages=self._messages(), final_text=self._final_text())
 
 

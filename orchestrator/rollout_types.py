@@ -141,7 +141,10 @@ def build_segment(index: int, tokens: SegmentTokens,
         raise ValueError(f"{len(sampled)} model calls for {len(spans)} spans")
     end = spans[-1][1] if spans else 0
     ids = np.array(tokens.token_ids[:end], dtype=INT32)
-    mask = np.array(tokens.loss_mask[:end], dtype=UINT8)
+    on_sampled = np.zeros(end, dtype=bool)
+    for start, stop in spans:
+        on_sampled[start:stop] = True
+    mask = on_sampled.astype(UINT8)
     logprobs = np.zeros(end, FLOAT32)
     weights = np.full(end, -1, INT32)
     kv = np.full(end, -1, INT32)
@@ -149,27 +152,23 @@ def build_segment(index: int, tokens: SegmentTokens,
     topk_ids = np.zeros((end, topk), INT32) if topk else None
     topk_lp = np.zeros((end, topk), FLOAT32) if topk else None
     if spans:
-        positions = _span_positions(spans)
+        total = sum(stop - start for start, stop in spans)
+        if tokens.loss_mask.count(1) != total or any(
+                tokens.loss_mask[start:stop].count(1) != stop - start for start, stop in spans):
+            raise AssertionError(f"segment {index}: the loss mask is not 1 exactly on the "
+                                 "sampled spans")
         if any(stop - start != len(call) for (start, stop), call in zip(spans, sampled)) \
-                or not np.array_equal(ids[positions], _joined(sampled, "token_ids")):
+                or not np.array_equal(ids[on_sampled], _joined(sampled, "token_ids")):
             _raise_first_mismatch(index, ids, spans, sampled)
-        logprobs[positions] = _joined(sampled, "sampler_logprobs")
-        weights[positions] = _joined(sampled, "weights_versions")
-        kv[positions] = _joined(sampled, "kv_versions")
+        logprobs[on_sampled] = _joined(sampled, "sampler_logprobs")
+        weights[on_sampled] = _joined(sampled, "weights_versions")
+        kv[on_sampled] = _joined(sampled, "kv_versions")
         if topk_ids is not None and topk_lp is not None:
             for (start, stop), call in zip(spans, sampled):
                 if call.topk == topk:
                     topk_ids[start:stop] = call.topk_ids
                     topk_lp[start:stop] = call.topk_logprobs
     return TrainingSegment(index, ids, mask, logprobs, weights, kv, topk_ids, topk_lp)
-
-
-def _span_positions(spans: Sequence[tuple[int, int]]) -> np.ndarray:
-    """The positions covered by [start, stop) spans, in order, as one index array."""
-    starts = np.array([start for start, _ in spans], dtype=np.int64)
-    lengths = np.array([stop - start for start, stop in spans], dtype=np.int64)
-    shift = starts - (np.cumsum(lengths) - lengths)
-    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(shift, lengths)
 
 
 def _joined(sampled: Sequence[SampledTokens], name: str) -> np.ndarray:

@@ -7,9 +7,10 @@ prompt extends its previous context, stamps every token with the current weights
 KV version (`kv_mode="retain"` keeps the version of the session's oldest KV entry across
 updates; `"recompute"` uses the current one), and gives plausible sampler log-probs (and top-k)
 drawn deterministically per (seed, trajectory, call) (a window of a fixed table of exponential
-draws, so a call costs the same whatever its length). Optional simulated latency (prefill per new prompt token, decode
-per token, lognormal jitter) really sleeps, so benchmarks see concurrency. Optional malformed
-outputs drop the token before the final stop token (for a tool call, its closing tag).
+draws, so a call costs the same whatever its length). Optional simulated latency (prefill per
+new prompt token, decode per token, lognormal jitter) really sleeps, so benchmarks see
+concurrency. Optional malformed outputs drop the token before the final stop token (for a tool
+call, its closing tag).
 
 Scripts are looked up per trajectory: calls are counted per key, the session id up to its last
 '/' (the agent loop names sessions `trajectory_id/segment`). Every request is kept in `requests`

@@ -29,7 +29,7 @@ from orchestrator.engine_client import EngineClient
 from orchestrator.evaluate import EvalResult, evaluate
 from orchestrator.pipeline import Pipeline
 from orchestrator.pools import PoolSet
-from orchestrator.processes import ChildProcess, watch
+from orchestrator.processes import ChildProcess, Supervised, watch
 from orchestrator.progress import show_progress, snapshot
 from orchestrator.report import store_ledger, write_report
 from orchestrator.resume import recover_run
@@ -174,7 +174,8 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
         if job.engine.url is None:
             # Started from the main thread (blocking briefly) so it dies with this process.
             engine_proc = start_engine(job, serve_dir, version, run_dir)
-        learner_proc = start_learner(job, run_id, model_dir, run_dir)
+        learner_proc = Supervised("learner", lambda: start_learner(job, run_id, model_dir, run_dir),
+                                  log=log.warning)
         summary = await _main(job, store, run_id, run_dir, model_dir, engine_proc, learner_proc,
                               version, resume is not None)
         store.set_run_status(run_id, "finished", summary=summary)
@@ -210,7 +211,7 @@ def _remove_containers(job: JobConfig, run_id: str) -> None:
 
 
 async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_dir: Path,
-                engine_proc, learner_proc: ChildProcess, version: int, resumed: bool) -> dict:
+                engine_proc, learner_proc: Supervised, version: int, resumed: bool) -> dict:
     url = job.engine.url or engine_proc.url
     backend = "vllm" if job.engine.kind == "vllm" else "stalewise"
     family = load_family(job.tasks.family, job.tasks.options)
@@ -225,7 +226,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
         pipeline = Pipeline(run_id=run_id, cfg=job, store=store, writer=writer, engine=client,
                             weights=client, family=family, chat_format=chat_format,
                             acquire=pools.acquire, engine_version=version,
-                            start_index=store.count_groups(run_id))
+                            start_index=store.count_groups(run_id), engine_health=client.health)
         results: list[EvalResult] = []
         async with anyio.create_task_group() as tg:
             await tg.start(writer.run)
@@ -233,8 +234,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
             if engine_proc is not None:
                 tg.start_soon(watch, "engine", engine_proc.poll,
                               engine_proc.log_tail)
-            tg.start_soon(lambda: watch("learner", learner_proc.process.poll,
-                                        learner_proc.log_tail, expected_exit=pipeline.done))
+            tg.start_soon(lambda: learner_proc.run(expected_exit=pipeline.done))
             tg.start_soon(lambda: show_progress(pipeline, every_s=job.run.progress_every_s,
                                                 header=lambda: run_id))
             eval_args = dict(run_id=run_id, store=store, writer=writer, engine=client,

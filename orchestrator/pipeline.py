@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Awaitable, Callable, Protocol
 
 import anyio
 
@@ -33,7 +33,7 @@ from orchestrator.admission import Decision, decide_group, decide_member
 from orchestrator.groups import GroupState, member_outcome
 from orchestrator.recorder import SqlRecorder, outcome_values
 from orchestrator.rollout import RolloutOptions, run_trajectory
-from orchestrator.rollout_types import TrajectoryOutcome
+from orchestrator.rollout_types import StopReason, TrajectoryOutcome
 from orchestrator.writer import StoreWriter
 from sandboxes.api import Sandbox, SandboxSpec
 from stalewise.config import JobConfig
@@ -44,6 +44,12 @@ from tasks.api import TaskFamily, TaskInstance
 from tasks.chat.base import ChatFormat
 
 Acquire = Callable[[SandboxSpec, str], AbstractAsyncContextManager[Sandbox]]
+
+
+class EngineUnavailable(RuntimeError):
+    """The inference engine stopped answering for longer than the configured limit."""
+
+
 MAX_ATTEMPTS = 3
 
 log = get_logger("stalewise.pipeline")
@@ -102,7 +108,8 @@ class Pipeline:
     def __init__(self, *, run_id: str, cfg: JobConfig, store: Store, writer: StoreWriter,
                  engine: InferenceEngine, weights: WeightsTarget | None, family: TaskFamily,
                  chat_format: ChatFormat, acquire: Acquire, engine_version: int = 0,
-                 start_index: int = 0, poll_s: float = 0.2) -> None:
+                 start_index: int = 0, poll_s: float = 0.2,
+                 engine_health: Callable[[], Awaitable[bool]] | None = None) -> None:
         self.run_id, self.cfg, self.store, self.writer = run_id, cfg, store, writer
         self.engine, self.weights, self.family, self.chat_format = engine, weights, family, chat_format
         self.acquire = acquire
@@ -122,6 +129,8 @@ class Pipeline:
         self.in_flight = 0
         self.undecided = 0  # dispatched members whose decision is not stored yet
         self.unfinished: set[int] = set()
+        self.engine_health = engine_health
+        self._engine_down = False
         self._changed = anyio.Event()
 
     # ------------------------------------------------------------------ coordination
@@ -142,7 +151,7 @@ class Pipeline:
     def _room_for_group(self) -> bool:
         """Async bounds: concurrency, unconsumed queue, and staleness (see module docstring)."""
         group = self.cfg.rollout.group_size
-        if self.in_flight + group > self.cfg.rollout.max_concurrent:
+        if self._engine_down or self.in_flight + group > self.cfg.rollout.max_concurrent:
             return False
         if self.stream_head - self.learner.consumed_seq >= self.cfg.pipeline.max_queue:
             return False
@@ -269,6 +278,8 @@ class Pipeline:
                 self.in_flight -= 1
         await self.writer.put_trajectory_update(trajectory_id, outcome_values(outcome))
         self.unfinished.discard(trajectory_id)
+        if outcome.stop_reason is StopReason.ENGINE_ERROR:
+            await self._check_engine()
         self.stats.on_outcome(outcome)
         group.finished[sample] = member_outcome(trajectory_id, outcome, attempt)
         async with group.lock:
@@ -341,6 +352,30 @@ class Pipeline:
             group.admitted += d.streamed
         self.undecided -= sum(d.action != "requeue" for d in decisions)
         self.stats.on_decisions(decisions)
+
+    async def _check_engine(self) -> None:
+        """After an engine error: pause dispatching while the engine does not answer; resume
+        when it does, or fail the run once it has been silent for `engine.startup_timeout_s`."""
+        if self.engine_health is None or self._engine_down:
+            return
+        limit = self.cfg.engine.startup_timeout_s
+        deadline = time.monotonic() + limit
+        try:
+            while not await self.engine_health():
+                if not self._engine_down:
+                    log.warning("engine not answering; dispatch paused", limit_s=limit)
+                self._engine_down = True
+                if time.monotonic() > deadline:
+                    raise EngineUnavailable(
+                        f"the inference engine stopped answering and did not come back within "
+                        f"{limit:.0f} s (engine.startup_timeout_s); trajectories in flight were "
+                        f"recorded with engine errors")
+                await anyio.sleep(1.0)
+        finally:
+            if self._engine_down:
+                log.info("engine answering again; dispatch resumed")
+            self._engine_down = False
+            self._notify()
 
     async def _abort_unfinished(self, reason: str) -> None:
         if not self.unfinished:

@@ -77,3 +77,34 @@ async def watch(name: str, poll: Callable[[], int | None], log_tail: Callable[[]
             raise ChildDied(f"the {name} process exited with code {code}; last log lines:\n"
                             f"{log_tail()}")
         await anyio.sleep(interval_s)
+
+
+class Supervised:
+    """A child that is restarted when it dies unexpectedly (the learner: it resumes from its
+    last published checkpoint), at most `max_restarts` times; then `ChildDied` is raised."""
+
+    def __init__(self, name: str, start: Callable[[], ChildProcess], *,
+                 max_restarts: int = 3, log: Callable[..., None] | None = None) -> None:
+        self.name, self._start, self.max_restarts = name, start, max_restarts
+        self._log = log
+        self.restarts = 0
+        self.process = start()
+
+    async def run(self, *, expected_exit: Callable[[], bool], interval_s: float = 0.5) -> None:
+        while True:
+            code = self.process.process.poll()
+            if code is not None:
+                if code == 0 and expected_exit():
+                    return
+                if self.restarts >= self.max_restarts:
+                    raise ChildDied(f"the {self.name} process exited with code {code} after "
+                                    f"{self.restarts} restarts; last log lines:\n"
+                                    f"{self.process.log_tail()}")
+                self.restarts += 1
+                if self._log is not None:
+                    self._log(f"{self.name} exited; restarting", code=code, restart=self.restarts)
+                self.process = self._start()
+            await anyio.sleep(interval_s)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        return self.process.stop(timeout)

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from orchestrator.pipeline import Pipeline
+from orchestrator.scripted_engine import LatencyModel
 from orchestrator.testing import FakeLearner, VersionedEngine
 from orchestrator.writer import StoreWriter
 from stalewise.config import parse_config
@@ -56,14 +57,14 @@ def rows(store, table):
         return list(c.execute(select(table.__table__)))
 
 
-def check_stream(store, learner, steps=3, batch=4):
+def check_stream(store, learner, steps=3, batch=4, statuses=("completed", "aborted")):
     stream = sorted(rows(store, s.StreamEntry), key=lambda e: e.seq)
     assert [e.seq for e in stream] == list(range(1, len(stream) + 1))
     assert len({e.trajectory_id for e in stream}) == len(stream)
     consumed = [seq for batch_ in learner.batches for seq in batch_]
     assert consumed == list(range(1, steps * batch + 1))
     trajectories = rows(store, s.Trajectory)
-    assert {t.status for t in trajectories} <= {"completed", "aborted"}
+    assert {t.status for t in trajectories} <= set(statuses)
     return stream, {t.id: t for t in trajectories}
 
 
@@ -116,3 +117,80 @@ def test_zero_variance_groups_are_dropped_with_a_reason(sqlite_url):
     for entry_group in {e.group_id for e in rows(store, s.StreamEntry)}:
         rewards = {e.reward for e in rows(store, s.StreamEntry) if e.group_id == entry_group}
         assert len(rewards) > 1
+
+
+class FlakyEngine:
+    """The scripted coin engine behind a switch: while down, every call fails."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.down = engine, False
+        self.version = 0
+
+    async def generate(self, request):
+        from stalewise.engine_api import EngineError
+
+        if self.down:
+            raise EngineError("connection refused (test)")
+        self.engine.version = self.version
+        return await self.engine.generate(request)
+
+    async def release_session(self, session_id):
+        await self.engine.release_session(session_id)
+
+    async def health(self) -> bool:
+        return not self.down
+
+
+def run_with_outage(url: str, *, outage_s: float, limit_s: float):
+    cfg = parse_config({"rollout": {"group_size": 2, "max_concurrent": 4},
+                        "learner": {"batch_size": 4}, "engine": {"startup_timeout_s": limit_s},
+                        "pipeline": {"mode": "async", "steps": 3}})
+    store = Store.open(url, create=True)
+    store.create_run("r", name="t", config={}, pipeline_mode="async")
+    flaky = FlakyEngine(coin_engine(LatencyModel(fixed_s=0.1)))
+    learner = FakeLearner(store, "r", batch_size=4, max_steps=3)
+
+    async def outage():
+        await anyio.sleep(0.15)
+        flaky.down = True
+        await anyio.sleep(outage_s)
+        flaky.down = False
+
+    async def main():
+        writer = StoreWriter(store)
+        async with anyio.create_task_group() as tg:
+            await tg.start(writer.run)
+            await tg.start(learner.run)
+            tg.start_soon(outage)
+            pipeline = Pipeline(run_id="r", cfg=cfg, store=store, writer=writer, engine=flaky,
+                                weights=VersionedEngine(flaky), family=coin_family(),
+                                chat_format=CHAT, acquire=fake_sandbox, poll_s=0.01,
+                                engine_health=flaky.health)
+            with anyio.fail_after(60):
+                await pipeline.run()
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    return store, learner
+
+
+def test_engine_outage_pauses_dispatch_and_recovers(sqlite_url):
+    store, learner = run_with_outage(sqlite_url, outage_s=1.5, limit_s=30)
+    check_stream(store, learner, statuses=("completed", "aborted", "infra_error"))
+    failed = [t for t in rows(store, s.Trajectory) if t.stop_reason == "engine_error"]
+    assert failed, "the outage should have failed the trajectories in flight"
+    assert all(t.status == "infra_error" for t in failed)
+    excluded = {d.trajectory_id: d.reason for d in rows(store, s.AdmissionDecision)}
+    assert all(excluded.get(t.id) in ("infra_error", "group_too_small") for t in failed)
+
+
+def test_engine_that_stays_down_fails_the_run_clearly(sqlite_url):
+    from orchestrator.pipeline import EngineUnavailable
+
+    with pytest.raises(BaseExceptionGroup) as info:
+        run_with_outage(sqlite_url, outage_s=30, limit_s=1.0)
+    (error,) = info.value.exceptions
+    while isinstance(error, BaseExceptionGroup):
+        (error,) = error.exceptions
+    assert isinstance(error, EngineUnavailable)
+    assert "did not come back within 1 s" in str(error)

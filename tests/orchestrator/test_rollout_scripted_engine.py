@@ -90,3 +90,27 @@ async def test_malformed_outputs_and_errors_on_demand():
     half = ScriptedEngine(lambda key, index: turn, malformed_rate=0.5, seed=3)
     cut = [len((await half.generate(request([1], f"s{i}/0"))).tokens) for i in range(200)]
     assert 60 < cut.count(3) < 140
+
+
+async def test_draws_are_deterministic_per_call_and_requests_can_be_forgotten():
+    """Log-probs, jitter and top-k depend only on (seed, trajectory, call), not on call order;
+    `keep_requests=False` keeps no request (benchmarks with long trajectories)."""
+    turn = ScriptedTurn(tuple([5] * 30 + [STOP]))
+    model = LatencyModel(decode_s_per_token=1e-4, jitter_sigma=0.5)
+
+    async def draw(engine, keys):
+        return {key: (await engine.generate(request([1], f"{key}/0", logprobs_topk=3))).tokens
+                for key in keys}
+
+    forward = await draw(ScriptedEngine(lambda k, i: turn, latency=model, seed=7, topk=3),
+                         ["a", "b", "c"])
+    quiet = ScriptedEngine(lambda k, i: turn, latency=model, seed=7, topk=3, keep_requests=False)
+    backward = await draw(quiet, ["c", "b", "a"])
+    assert all(forward[key] == backward[key] for key in "abc") and quiet.requests == []
+    assert not np.array_equal(forward["a"].sampler_logprobs, forward["b"].sampler_logprobs)
+    assert forward["a"].time_offsets[-1] != forward["b"].time_offsets[-1], "jitter per call"
+    other_seed = await draw(ScriptedEngine(lambda k, i: turn, latency=model, seed=8, topk=3),
+                            ["a"])
+    assert not np.array_equal(other_seed["a"].sampler_logprobs, forward["a"].sampler_logprobs)
+    lengths = [len(forward[key]) for key in "abc"]
+    assert lengths == [31, 31, 31] and np.all(forward["a"].sampler_logprobs < 0)

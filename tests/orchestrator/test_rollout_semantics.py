@@ -14,7 +14,8 @@ local process backend and, marked `docker`, the Docker backend):
     `working_time` (engine + tool time only: waiting at the gate does not count).
  4. Malformed tool calls (bad JSON, unknown tool, schema-invalid arguments, too many calls in a
     turn) go back to the model as `Error: ...` observations and are counted; one more than
-    allowed fails the trajectory (`malformed_tool_calls`, reward 0).
+    allowed fails the trajectory (`malformed_tool_calls`, reward 0). Well-formed calls are
+    validated once and reach the tool as checked (enum arguments as enum members).
  5. `ToolError` and a tool's own timeout are observations; the trajectory goes on.
  6. Any other exception in a tool fails the trajectory (`tool_exception`) with its traceback.
  7. Sandbox failures are infrastructure errors (`sandbox_error`): on acquisition, on a tool
@@ -34,6 +35,7 @@ local process backend and, marked `docker`, the Docker backend):
 
 from __future__ import annotations
 
+import enum
 import time
 from contextlib import asynccontextmanager
 from functools import partial
@@ -315,6 +317,30 @@ async def test_one_malformed_call_too_many_fails_with_reward_zero(acquire):
                                                      StopReason.MALFORMED_TOOL_CALLS)
     assert outcome.reward == 0.0 and outcome.turns == 2 and outcome.malformed_calls == 2
     assert "allowed 1" in outcome.error
+
+
+class Shade(enum.Enum):
+    LIGHT = "light"
+    DARK = "dark"
+
+
+@tool
+async def paint(ctx: ToolContext, shade: Shade) -> str:
+    """Name a shade.
+
+    Args:
+        shade: which one.
+    """
+    assert isinstance(shade, Shade), "the tool gets the enum member"
+    return shade.value.upper()
+
+
+async def test_valid_calls_reach_the_tool_once_checked_with_enum_members(acquire):
+    engine = engine_for(call_text("paint", {"shade": "dark"}), ANSWER)
+    outcome, recorder = await run(make_task(paint), engine, acquire)
+    assert outcome.status is TrajectoryStatus.COMPLETED and outcome.reward == 1.0
+    assert [(r.observation, r.arguments_json, r.error_type) for r in recorder.tool_calls] == [
+        ("DARK", '{"shade":"dark"}', None)]
 
 
 # 5, 6 ----------------------------------------------------------------------------------------

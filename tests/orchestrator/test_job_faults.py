@@ -1,0 +1,237 @@
+"""`stalewise run` end to end, and its fault tolerance, with real processes, Docker and SQLite.
+
+- a short async job finishes: learner steps done, report written, no containers left;
+- SIGKILL of the orchestrator mid-run, then `--resume`: every trajectory stored once, none
+  admitted twice, the learner's consumed sequence numbers contiguous, no orphans;
+- SIGKILL of the learner: it is restarted from its last checkpoint and the run finishes;
+- the engine killed mid-run: the run fails with a clear message and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+import pytest
+from sqlalchemy import select
+
+from sandboxes.labels import RUN_ID
+from stalewise.store import schema as s
+from stalewise.store.store import Store
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    from engine.tiny import init_tiny
+
+    return init_tiny(tmp_path_factory.mktemp("model") / "tiny")
+
+
+def write_config(tmp_path: Path, model: Path, *, steps: int, mode: str = "async") -> Path:
+    config = tmp_path / "job.toml"
+    config.write_text(f"""
+[run]
+name = "fault"
+db_url = "sqlite:///{tmp_path}/store.db"
+output_dir = "{tmp_path}/runs"
+progress_every_s = 2.0
+
+[model]
+path = "{model}"
+create_tiny = false
+chat_format = "hermes"
+tool_listing = "none"
+
+[tasks]
+family = "arith"
+options = {{ max_ops = 1 }}
+eval_instances = 0
+
+[rollout]
+group_size = 2
+max_concurrent = 4
+max_tokens_per_turn = 24
+
+[sandbox]
+pool_size = 2
+max_live = 8
+
+[learner]
+batch_size = 4
+micro_batch_size = 4
+
+[pipeline]
+mode = "{mode}"
+steps = {steps}
+""")
+    return config
+
+
+def start(config: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "stalewise", "run", str(config), *extra],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def open_store(tmp_path: Path) -> Store | None:
+    try:
+        return Store.open(f"sqlite:///{tmp_path}/store.db")
+    except Exception:  # not created yet
+        return None
+
+
+def learner_steps(tmp_path: Path) -> int:
+    store = open_store(tmp_path)
+    if store is None:
+        return 0
+    try:
+        runs = store.runs()
+        return len(store.learner_steps(runs[0].id)) if runs else 0
+    finally:
+        store.close()
+
+
+def children_of(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}").exists() else "X"
+    return state != "Z"
+
+
+def containers_of(run_id: str) -> list:
+    client = docker.from_env()
+    try:
+        return client.containers.list(all=True, filters={"label": f"{RUN_ID}={run_id}"})
+    finally:
+        client.close()
+
+
+def check_exactly_once(store: Store, run_id: str, steps: int) -> None:
+    with store.engine.connect() as c:
+        stream = list(c.execute(select(s.StreamEntry.seq, s.StreamEntry.trajectory_id)
+                                .where(s.StreamEntry.run_id == run_id)
+                                .order_by(s.StreamEntry.seq)))
+        trajectories = list(c.execute(select(s.Trajectory.id, s.Trajectory.status)
+                                      .where(s.Trajectory.run_id == run_id)))
+    assert [e.seq for e in stream] == list(range(1, len(stream) + 1))
+    assert len({e.trajectory_id for e in stream}) == len(stream), "a trajectory admitted twice"
+    assert len({t.id for t in trajectories}) == len(trajectories)
+    assert not [t for t in trajectories if t.status in ("queued", "running")]
+    learner = store.learner_steps(run_id)
+    assert [r.step for r in learner] == list(range(1, steps + 1))
+    assert learner[0].first_seq == 1
+    for before, after in zip(learner, learner[1:]):
+        assert after.first_seq == before.last_seq + 1, "gap or repeat in consumed sequences"
+
+
+def test_short_job_finishes_and_cleans_up(tmp_path, model_dir):
+    proc = start(write_config(tmp_path, model_dir, steps=2))
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    store = open_store(tmp_path)
+    run = store.runs()[0]
+    assert run.status == "finished" and run.summary["learner_steps"] == 2
+    check_exactly_once(store, run.id, steps=2)
+    assert (tmp_path / "runs" / run.id / "report.md").exists()
+    wait_for(lambda: not containers_of(run.id), 15, "the run's containers to be removed")
+    store.close()
+
+
+def test_sigkill_orchestrator_then_resume(tmp_path, model_dir):
+    config = write_config(tmp_path, model_dir, steps=5)
+    proc = start(config)
+    try:
+        wait_for(lambda: learner_steps(tmp_path) >= 2, 240, "two learner steps")
+        kids = children_of(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    wait_for(lambda: not any(alive(k) for k in kids), 30, "engine and learner to exit")
+    store = open_store(tmp_path)
+    run_id = store.runs()[0].id
+    assert store.run(run_id).status == "running"  # nobody could record anything else
+    wait_for(lambda: not containers_of(run_id), 60, "the dead owner's containers to go")
+
+    resumed = start(config, "--resume", run_id)
+    output, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, output
+    assert store.run(run_id).status == "finished"
+    check_exactly_once(store, run_id, steps=5)
+    with store.engine.connect() as c:
+        aborted = c.execute(select(s.Trajectory.error).where(
+            s.Trajectory.run_id == run_id, s.Trajectory.status == "aborted")).scalars().all()
+    assert aborted and any("orchestrator stopped" in (e or "") for e in aborted)
+    wait_for(lambda: not containers_of(run_id), 15, "the run's containers to be removed")
+    store.close()
+
+
+def test_sigkill_learner_restarts_from_checkpoint(tmp_path, model_dir):
+    proc = start(write_config(tmp_path, model_dir, steps=5))
+    try:
+        wait_for(lambda: learner_steps(tmp_path) >= 2, 240, "two learner steps")
+        learner = next(p for p in children_of(proc.pid)
+                       if "learner" in Path(f"/proc/{p}/cmdline").read_text())
+        os.kill(learner, signal.SIGKILL)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output
+    assert "learner exited; restarting" in output
+    store = open_store(tmp_path)
+    run_id = store.runs()[0].id
+    check_exactly_once(store, run_id, steps=5)
+    log = (tmp_path / "runs" / run_id / "learner.log").read_text()
+    assert log.count('"event": "learner started"') == 2
+    store.close()
+
+
+def test_engine_killed_fails_clearly(tmp_path, model_dir):
+    proc = start(write_config(tmp_path, model_dir, steps=50))
+    try:
+        wait_for(lambda: learner_steps(tmp_path) >= 1, 240, "a learner step")
+        kids = children_of(proc.pid)
+        engine = next(p for p in kids if "engine" in Path(f"/proc/{p}/cmdline").read_text())
+        os.kill(engine, signal.SIGKILL)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, output
+    store = open_store(tmp_path)
+    run = store.runs()[0]
+    assert run.status == "failed"
+    assert "the engine process exited" in run.error
+    wait_for(lambda: not any(alive(k) for k in kids), 30, "children to exit")
+    wait_for(lambda: not containers_of(run.id), 15, "the run's containers to be removed")
+    with store.engine.connect() as c:
+        open_ = c.execute(select(s.Trajectory.id).where(
+            s.Trajectory.run_id == run.id, s.Trajectory.status.in_(("queued", "running")))).all()
+    assert not open_
+    store.close()

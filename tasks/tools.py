@@ -12,7 +12,10 @@ decorator runs (at import), never at call time:
   may run concurrently with other read-only calls of the same turn.
 
 At call time, arguments are validated against the schema (`ToolArgumentError`, a malformed call
-the model is told about). A tool reports problems the model should see by raising `ToolError`;
+the model is told about); `validate` accepts exactly what the JSON Schema validator accepts (a
+precompiled check answers the common flat schemas, the validator itself everything else and
+every error message). `call` runs a tool on arguments `validate` returned, without checking them
+twice. A tool reports problems the model should see by raising `ToolError`;
 `SandboxError` means infrastructure failed; any other exception is a bug in the tool.
 """
 
@@ -128,23 +131,40 @@ class Tool:
         if not isinstance(arguments, Mapping):
             raise ToolArgumentError(
                 f"arguments of {self.name} must be a JSON object, got {type(arguments).__name__}")
-        validator = jsonschema.Draft202012Validator(self.parameters)
-        errors = sorted(validator.iter_errors(dict(arguments)), key=lambda e: list(e.path))
-        if errors:
-            problems = "; ".join(_describe(error) for error in errors[:3])
-            raise ToolArgumentError(f"bad arguments for {self.name}: {problems}")
         kwargs = dict(arguments)
+        quick = self._quick_check
+        if quick is None or not quick(kwargs):
+            errors = sorted(self._validator.iter_errors(kwargs), key=lambda e: list(e.path))
+            if errors:
+                problems = "; ".join(_describe(error) for error in errors[:3])
+                raise ToolArgumentError(f"bad arguments for {self.name}: {problems}")
         for name, enum_type in self.enum_params.items():
             if name in kwargs:
                 kwargs[name] = enum_type(kwargs[name])
         return kwargs
 
+    @functools.cached_property
+    def _validator(self) -> jsonschema.Draft202012Validator:
+        return jsonschema.Draft202012Validator(self.parameters)
+
+    @functools.cached_property
+    def _quick_check(self) -> Callable[[dict[str, Any]], bool] | None:
+        return quick_check(self.parameters)
+
+    @functools.cached_property
+    def _is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
     async def invoke(self, ctx: ToolContext, arguments: Any) -> ToolResult:
         """Validate, call and normalise the result. Exceptions from the tool propagate."""
-        kwargs = self.validate(arguments)
+        return await self.call(ctx, self.validate(arguments))
+
+    async def call(self, ctx: ToolContext, kwargs: dict[str, Any]) -> ToolResult:
+        """Call with keyword arguments returned by `validate` and normalise the result."""
+        kwargs = dict(kwargs)
         if self.context_param is not None:
             kwargs[self.context_param] = ctx
-        if inspect.iscoroutinefunction(self.fn):
+        if self._is_async:
             value = await self.fn(**kwargs)
         else:
             value = await anyio.to_thread.run_sync(functools.partial(self.fn, **kwargs))
@@ -165,6 +185,62 @@ def as_tool_result(value: Any) -> ToolResult:
         return ToolResult(text=json.dumps(value, separators=(",", ":")))
     except TypeError as err:
         raise TypeError(f"tool returned {type(value).__name__}, which is not JSON: {err}") from err
+
+
+_QUICK_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
+    "null": (type(None),)}
+
+
+def quick_check(schema: JsonSchema) -> Callable[[dict[str, Any]], bool] | None:
+    """A fast acceptance test for a closed object of scalar (or enum) properties, else None.
+
+    It only ever accepts what the JSON Schema validator accepts (exact Python types as
+    `json.loads` makes them; no bools for numbers); a False means "ask the validator", which
+    may still accept (1.0 for an integer) and otherwise says what is wrong."""
+    if (schema.get("type") != "object" or schema.get("additionalProperties", True) is not False
+            or set(schema) - {"type", "properties", "required", "additionalProperties"}):
+        return None
+    properties: dict[str, tuple[tuple[type, ...], tuple[Any, ...] | None]] = {}
+    for name, sub in schema.get("properties", {}).items():
+        kinds = _quick_kinds(sub)
+        if kinds is None:
+            return None
+        choices = sub.get("enum")
+        properties[name] = (kinds, None if choices is None else tuple(choices))
+    required = tuple(schema.get("required", ()))
+    if set(required) - set(properties):
+        return None
+
+    def check(arguments: dict[str, Any]) -> bool:
+        for name in required:
+            if name not in arguments:
+                return False
+        for name, value in arguments.items():
+            spec = properties.get(name)
+            if spec is None or type(value) not in spec[0]:
+                return False
+            if spec[1] is not None and value not in spec[1]:
+                return False
+        return True
+    return check
+
+
+def _quick_kinds(schema: Any) -> tuple[type, ...] | None:
+    """The Python types a scalar property schema (or an anyOf of bare scalar types, as for
+    `int | None`) accepts, or None when the quick check does not handle it."""
+    if not isinstance(schema, dict) or set(schema) - {"type", "enum", "anyOf", "description",
+                                                      "default"}:
+        return None
+    if "anyOf" in schema:
+        branches = schema["anyOf"]
+        if "type" in schema or "enum" in schema or not all(
+                isinstance(b, dict) and set(b) == {"type"} and isinstance(b["type"], str)
+                and b["type"] in _QUICK_TYPES for b in branches):
+            return None
+        return tuple(kind for b in branches for kind in _QUICK_TYPES[b["type"]])
+    kind = schema.get("type")
+    return _QUICK_TYPES.get(kind) if isinstance(kind, str) else None
 
 
 def _describe(error: jsonschema.ValidationError) -> str:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tasks.chat.base import ChatFormat, ParsedTurn
+from tasks.chat.codec import int_list
 from tasks.messages import ChatMessage
 from tasks.tools import Tool
 
@@ -34,8 +35,8 @@ class SegmentTokens:
 
     def append(self, ids: Sequence[int], sampled: bool) -> None:
         start = len(self.token_ids)
-        self.token_ids.extend(int(i) for i in ids)
-        self.loss_mask.extend([1 if sampled else 0] * len(ids))
+        self.token_ids.extend(int_list(ids))
+        self.loss_mask.extend([1 if sampled else 0] * (len(self.token_ids) - start))
         if sampled:
             self.sampled_spans.append((start, len(self.token_ids)))
 
@@ -81,9 +82,10 @@ class Conversation:
         current = self.segments[-1]
         if self._sent != len(current.token_ids):
             raise RuntimeError("add_sampled before take_prompt: the prompt was never sent")
-        before = list(current.token_ids)
+        before = len(current.token_ids)
+        sampled_ids = int_list(sampled_ids)
         current.append(sampled_ids, sampled=True)
-        assert current.token_ids[:len(before)] == before, "prefix property violated"
+        assert current.token_ids[before:] == sampled_ids, "prefix property violated"
         self._sent = len(current.token_ids)
         parsed = self.format.parse(sampled_ids, self.tools)
         self.messages.append(ChatMessage("assistant", parsed.text))

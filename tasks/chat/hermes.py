@@ -9,6 +9,11 @@ Guarantee: the format is append-only. After a sampled turn that ends with `<|im_
 continuation is the `\n` that closes the turn, the new messages and the next generation prompt,
 so the token sequence always extends exactly; `render` of the same conversation gives the same
 text. A turn that did not end with `<|im_end|>` (cut by a length limit) has no continuation.
+
+Cost: texts are encoded with `tasks.chat.codec.SplitEncoder`, cut before the layout's marker
+tokens where that is checked to give the same ids, with the pieces remembered: the static system
+prompt with its tool listing and the turn scaffolding are encoded once, and a turn encodes only
+its observations. The ids are always those of encoding the whole rendered text.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from tasks.chat.base import (
     tool_listing_text,
     with_tool_listing,
 )
+from tasks.chat.codec import LRU, SplitEncoder, TokenCodec, int_list
 from tasks.chat.parsing import parse_tool_calls
 from tasks.messages import ChatMessage
 from tasks.tools import Tool
@@ -44,6 +50,9 @@ class HermesChatFormat:
                 f"HermesChatFormat needs {IM_START} and {IM_END} as single tokens of the "
                 "tokenizer; for other checkpoints use TemplateChatFormat (the HF chat template)")
         self.im_end_id = end_id
+        self.codec = TokenCodec(tokenizer)
+        self.encoder = SplitEncoder(self.codec, (IM_START, IM_END, RESPONSE_OPEN, RESPONSE_CLOSE))
+        self._listings: LRU[tuple[Tool, ...], str] = LRU(64)
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
@@ -57,7 +66,7 @@ class HermesChatFormat:
 
     def render(self, messages: Sequence[ChatMessage], tools: Sequence[Tool], *,
                add_generation_prompt: bool = True) -> list[int]:
-        listed = with_tool_listing(messages, tool_listing_text(tools, self.tool_listing))
+        listed = with_tool_listing(messages, self._listing(tools))
         text = "".join(self.message_text(message) for message in listed)
         if add_generation_prompt:
             text += f"{IM_START}assistant\n"
@@ -72,8 +81,8 @@ class HermesChatFormat:
         return self._encode(text + f"{IM_START}assistant\n")
 
     def parse(self, sampled_ids: Sequence[int], tools: Sequence[Tool]) -> ParsedTurn:
-        ids = [int(i) for i in sampled_ids]
-        ended = bool(ids) and ids[-1] in self.stop_token_ids
+        ids = int_list(sampled_ids)
+        ended = bool(ids) and ids[-1] == self.im_end_id
         text = self.decode(ids[:-1] if ended else ids)
         return ParsedTurn(text=text, calls=parse_tool_calls(text, [t.name for t in tools]),
                           ended=ended)
@@ -82,7 +91,14 @@ class HermesChatFormat:
         return self._encode(text) + [self.im_end_id]
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode([int(i) for i in token_ids], skip_special_tokens=False)
+        return self.codec.decode(token_ids)
 
     def _encode(self, text: str) -> list[int]:
-        return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
+        return self.encoder.encode(text)
+
+    def _listing(self, tools: Sequence[Tool]) -> str:
+        key = tuple(tools)
+        text = self._listings.get(key)
+        if text is None:
+            text = self._listings.put(key, tool_listing_text(key, self.tool_listing))
+        return text

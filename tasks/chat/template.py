@@ -11,6 +11,23 @@ text of the history (prompt, sampled ids and earlier continuations, decoded) is 
 template's own text up to that point. Templates that rewrite earlier turns (for example ones that
 drop past reasoning) fail that check and `continuation` returns None: the agent loop then starts
 a new training sample from the full render rather than pretend the old ids are a prefix.
+
+Incremental mode (the default when the template qualifies): the cost of a continuation does not
+grow with the conversation. The template renders only the prompt (the messages before the first
+assistant turn), the sampled turn and the new messages; the check is that this text starts with
+the prompt's own render followed by the sampled turn's text and its stop token, i.e. that the
+template reproduces the sampled turn verbatim; the continuation is the encoding of the rest. This
+equals the full render's continuation when the template renders each later message regardless of
+the ones between it and the prompt, and the tokenizer's encoding is unchanged by a cut right
+after the stop token. Both are checked at construction by running a probe conversation (with
+reasoning in some turns, observations and later user messages) through both algorithms and
+requiring the same answer every turn; a template that fails (or `incremental=False`) re-renders
+the whole conversation every turn as above. A template that rewrites the sampled turn itself
+(dropping its reasoning) fails the per-turn check in either mode, so a new segment starts; one
+that rewrites earlier turns (keeping reasoning only in the last assistant turn) fails the probe.
+A template whose rendering changes in ways a short probe cannot show (after N messages, say)
+needs `incremental=False`.
+Texts are encoded with `tasks.chat.codec.SplitEncoder` (pieces remembered, same ids).
 """
 
 from __future__ import annotations
@@ -26,11 +43,13 @@ from tasks.chat.base import (
     tool_listing_text,
     with_tool_listing,
 )
+from tasks.chat.codec import LRU, SplitEncoder, TokenCodec
 from tasks.chat.parsing import parse_tool_calls
 from tasks.messages import ChatMessage
-from tasks.tools import Tool
+from tasks.tools import Tool, tool
 
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+_MARKERS = ("<|im_start|>", "<|im_end|>", RESPONSE_OPEN, RESPONSE_CLOSE)  # cut here if exact
 _PROBE = "zq_probe_tool"
 
 
@@ -39,7 +58,8 @@ class TemplateChatFormat:
 
     def __init__(self, tokenizer: Any, *, tool_listing: ToolListing = "json",
                  stop_tokens: Sequence[str] | None = None, tool_role: str = "tool",
-                 template_kwargs: Mapping[str, Any] | None = None) -> None:
+                 template_kwargs: Mapping[str, Any] | None = None,
+                 incremental: bool | None = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat_template; set one or use HermesChatFormat")
         self.tokenizer: Tokenizer = tokenizer
@@ -51,8 +71,23 @@ class TemplateChatFormat:
         if not ids or any(i is None for i in ids):
             raise ValueError(f"stop tokens {names!r} must each be a single token of the tokenizer")
         self._stop = tuple(int(i) for i in ids if i is not None)
+        self.codec = TokenCodec(tokenizer)
+        self._stop_text = {stop: self.codec.decode([stop]) for stop in self._stop}
+        self.encoder = SplitEncoder(self.codec, (*self._stop_text.values(), *_MARKERS))
+        self._listings: LRU[tuple[Tool, ...], str] = LRU(64)
+        self._schemas: LRU[tuple[Tool, ...], list[dict[str, Any]]] = LRU(64)
+        self._prompt_texts: LRU[tuple[tuple[ChatMessage, ...], tuple[Tool, ...]], str] = LRU(1024)
         self.native_tools = self._probe_native_tools()
         self.wraps_responses = self._probe_wraps_responses()
+        self.incremental = False
+        if incremental is not False:
+            qualifies = self._probe_incremental()
+            if incremental and not qualifies:
+                raise ValueError(
+                    "this chat template cannot be extended incrementally (its render of a message "
+                    "depends on the messages before it, or the tokenizer merges across the stop "
+                    "token); pass incremental=None or False to re-render the whole conversation")
+            self.incremental = qualifies
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
@@ -61,11 +96,18 @@ class TemplateChatFormat:
     def render_text(self, messages: Sequence[ChatMessage], tools: Sequence[Tool], *,
                     add_generation_prompt: bool = True) -> str:
         extra: dict[str, Any] = {}
+        key = tuple(tools)
         if self.native_tools and tools:
-            extra["tools"] = [t.openai_schema() for t in tools]
+            schemas = self._schemas.get(key)
+            if schemas is None:
+                schemas = self._schemas.put(key, [t.openai_schema() for t in key])
+            extra["tools"] = schemas
             listed = list(messages)
         else:
-            listed = with_tool_listing(messages, tool_listing_text(tools, self.tool_listing))
+            listing = self._listings.get(key)
+            if listing is None:
+                listing = self._listings.put(key, tool_listing_text(key, self.tool_listing))
+            listed = with_tool_listing(messages, listing)
         dicts = [self._message_dict(m) for m in listed]
         return self.tokenizer.apply_chat_template(  # type: ignore[attr-defined]
             dicts, tokenize=False, add_generation_prompt=add_generation_prompt,
@@ -74,19 +116,47 @@ class TemplateChatFormat:
     def render(self, messages: Sequence[ChatMessage], tools: Sequence[Tool], *,
                add_generation_prompt: bool = True) -> list[int]:
         text = self.render_text(messages, tools, add_generation_prompt=add_generation_prompt)
-        return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
+        return self.encoder.encode(text)
 
     def continuation(self, history_ids: Sequence[int], messages: Sequence[ChatMessage],
                      new_messages: Sequence[ChatMessage],
                      tools: Sequence[Tool]) -> list[int] | None:
-        history = [int(i) for i in history_ids]
-        if not history or history[-1] not in self._stop:
+        if not history_ids or int(history_ids[-1]) not in self._stop:
             return None
+        if self.incremental:
+            return self._local_continuation(int(history_ids[-1]), messages, new_messages, tools)
+        return self._full_continuation(history_ids, messages, new_messages, tools)
+
+    def _full_continuation(self, history_ids: Sequence[int], messages: Sequence[ChatMessage],
+                           new_messages: Sequence[ChatMessage],
+                           tools: Sequence[Tool]) -> list[int] | None:
+        """Render everything; use the part after the history's last stop token if the history
+        decodes to exactly the template's text before it."""
+        history = [int(i) for i in history_ids]
         full = self.render([*messages, *new_messages], tools, add_generation_prompt=True)
         cut = _after_nth_stop(full, self._stop, sum(1 for i in history if i in self._stop))
         if cut is None or self.decode(full[:cut]) != self.decode(history):
             return None
         return full[cut:]
+
+    def _local_continuation(self, stop_id: int, messages: Sequence[ChatMessage],
+                            new_messages: Sequence[ChatMessage],
+                            tools: Sequence[Tool]) -> list[int] | None:
+        """Render the prompt, the sampled turn and the new messages only; use the part after the
+        turn's stop token if the template reproduced the turn verbatim (see module docstring)."""
+        prompt = _prompt_of(messages)
+        turn = messages[-1] if messages else None
+        if turn is None or turn.role != "assistant" or len(prompt) >= len(messages):
+            return None
+        key = (prompt, tuple(tools))
+        before = self._prompt_texts.get(key)
+        if before is None:
+            before = self._prompt_texts.put(key, self.render_text(prompt, tools))
+        text = self.render_text([*prompt, turn, *new_messages], tools, add_generation_prompt=True)
+        sampled = turn.content + self._stop_text[stop_id]
+        if not (text.startswith(before) and text.startswith(sampled, len(before))):
+            return None
+        return self.encoder.encode(text[len(before) + len(sampled):])
 
     def parse(self, sampled_ids: Sequence[int], tools: Sequence[Tool]) -> ParsedTurn:
         ids = [int(i) for i in sampled_ids]
@@ -96,11 +166,10 @@ class TemplateChatFormat:
                           ended=ended)
 
     def encode_assistant(self, text: str) -> list[int]:
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        return [int(i) for i in ids] + [self._stop[0]]
+        return self.codec.encode(text) + [self._stop[0]]
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode([int(i) for i in token_ids], skip_special_tokens=False)
+        return self.codec.decode(token_ids)
 
     def _message_dict(self, message: ChatMessage) -> dict[str, Any]:
         if message.role != "tool":
@@ -136,6 +205,55 @@ class TemplateChatFormat:
                 f"the chat template cannot render a {self.tool_role!r} message ({err}); "
                 "pass tool_role='user' or use HermesChatFormat") from err
         return RESPONSE_OPEN in text
+
+    def _probe_incremental(self) -> bool:
+        """Whether both continuation algorithms agree (the same ids, or both None) on every turn
+        of a probe conversation: a system prompt, calls with varied text and with reasoning,
+        observations, later user messages; with and without a tool. After a None the probe goes
+        on from a full render, as the agent loop does."""
+        turns = [("Let me check.\n", [ChatMessage("tool", "3", name=_PROBE)]),
+                 ("<think>a plan</think>Calling.", [ChatMessage("tool", "4", name=_PROBE)]),
+                 ("<think>more</think>  two  spaces é", [
+                     ChatMessage("tool", "ok\nline", name=_PROBE),
+                     ChatMessage("user", "Again, please.")]),
+                 ("x", [ChatMessage("tool", "", name=_PROBE)]),
+                 ("<think>c</think>y", [ChatMessage("tool", "5", name=_PROBE)]),
+                 ("done", [ChatMessage("user", "Thanks.")])]
+        for tools in ((), (_probe_tool,)):
+            messages = [ChatMessage("system", "Be brief."), ChatMessage("user", "Compute 1+2.")]
+            try:
+                ids = self.render(messages, tools)
+                for text, new_messages in turns:
+                    sampled = self.encode_assistant(text)
+                    ids += sampled
+                    messages.append(ChatMessage("assistant", self.decode(sampled[:-1])))
+                    full = self._full_continuation(ids, messages, new_messages, tools)
+                    local = self._local_continuation(sampled[-1], messages, new_messages, tools)
+                    if local != full:
+                        return False
+                    messages.extend(new_messages)
+                    ids = ids + full if full is not None else self.render(messages, tools)
+            except Exception:  # a template that cannot render the probe: no incremental mode
+                return False
+        return True
+
+
+@tool(name=_PROBE)
+def _probe_tool(text: str) -> str:
+    """A probe tool (never called).
+
+    Args:
+        text: any text.
+    """
+    return text
+
+
+def _prompt_of(messages: Sequence[ChatMessage]) -> tuple[ChatMessage, ...]:
+    """The messages before the first assistant turn."""
+    for index, message in enumerate(messages):
+        if message.role == "assistant":
+            return tuple(messages[:index])
+    return tuple(messages)
 
 
 def _after_nth_stop(ids: Sequence[int], stops: tuple[int, ...], n: int) -> int | None:

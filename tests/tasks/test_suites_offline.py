@@ -105,3 +105,11 @@ def test_longhaul_rejects_bad_options():
         longhaul.family(min_k=5, max_k=2)
     with pytest.raises(ValueError, match="latency_in"):
         longhaul.family(latency_in="gpu")  # type: ignore[arg-type]
+
+
+def test_longhaul_step_latency_is_a_stable_standard_lognormal():
+    draws = [longhaul.stable_normal(f"t{i}:{j}") for i in range(1000) for j in range(4)]
+    assert draws == [longhaul.stable_normal(f"t{i}:{j}") for i in range(1000) for j in range(4)]
+    assert abs(statistics.fmean(draws)) < 0.05 and abs(statistics.stdev(draws) - 1.0) < 0.05
+    assert sum(abs(z) > 1.96 for z in draws) / len(draws) == pytest.approx(0.05, abs=0.015)
+    assert longhaul.step_latency("t1", 0, 0.5, 0.0, 60.0) == 0.5  # sigma 0: the median

@@ -7,6 +7,8 @@ from typing import Literal
 
 import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sandboxes.api import ExecResult
 from tasks.builtin_tools import bash, python, read_file, write_file
@@ -19,6 +21,7 @@ from tasks.tools import (
     ToolResult,
     as_tool_result,
     exec_observation,
+    quick_check,
     strict_compatible,
     tool,
 )
@@ -276,3 +279,60 @@ def test_exec_results_become_compact_observations():
     with pytest.raises(TypeError, match="not JSON"):
         as_tool_result(object())
 
+
+
+@tool
+def flat(text: str, count: int, ratio: float, flag: bool, mode: Literal["a", "b"],
+         level: Color, note: str | None = None) -> str:
+    """A flat schema of scalars, enums and an optional string.
+
+    Args:
+        text: some text.
+        count: an integer.
+        ratio: a number.
+        flag: a switch.
+        mode: a choice.
+        level: a colour.
+        note: optional.
+    """
+    return text
+
+
+JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(-2, 2),
+                        st.just(1.0), st.sampled_from(["a", "b", "red", "blue", "x"]),
+                        st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(arguments=st.dictionaries(
+    st.sampled_from(["text", "count", "ratio", "flag", "mode", "level", "note", "extra"]),
+    JSON_VALUES))
+def test_validate_accepts_exactly_what_the_json_schema_validator_accepts(arguments):
+    """The precompiled check never accepts what the validator rejects, and validate's verdict
+    and messages are the validator's."""
+    errors = list(jsonschema.Draft202012Validator(flat.parameters).iter_errors(arguments))
+    quick = quick_check(flat.parameters)
+    assert quick is not None, "a flat schema of scalars gets the precompiled check"
+    if quick(dict(arguments)):
+        assert not errors
+    if errors:
+        with pytest.raises(ToolArgumentError, match="bad arguments for flat"):
+            flat.validate(arguments)
+    else:
+        kwargs = flat.validate(arguments)
+        assert kwargs.get("level", Color.RED) in (Color.RED, Color.BLUE)
+
+
+def test_only_flat_closed_schemas_get_the_precompiled_check():
+    assert quick_check(flat.parameters) is not None and quick_check(python.parameters)
+    assert quick_check(everything.parameters) is None  # lists, dicts, unions, tuples
+    assert quick_check({"type": "object", "properties": {"a": {"type": "string"}}}) is None
+
+
+@pytest.mark.anyio
+async def test_call_runs_validated_arguments_once_enums_included():
+    ctx = ToolContext(sandbox=FakeSandbox(), task=arith.family().instance(0))
+    kwargs = everything.validate({"text": "t", "count": 1, "ratio": 1, "flag": False,
+                                  "mode": "slow", "color": "red", "tags": [], "weights": {}})
+    assert (await everything.call(ctx, kwargs)).text == "t:1:red:None"
+    assert kwargs["color"] is Color.RED and "ctx" not in kwargs, "call leaves kwargs alone"

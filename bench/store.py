@@ -10,6 +10,13 @@ and prints tokens recorded per second and bytes per token on disk.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# Run as a script, this folder is first on sys.path, where bench/engine.py and bench/learner.py
+# would shadow the packages of the same names: drop it.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
 import argparse
 import os
 import shutil

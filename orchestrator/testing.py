@@ -10,6 +10,7 @@ version v+1 every `publish_every` steps (publish-then-mark: the row is the only 
 from __future__ import annotations
 
 import time
+import zlib
 
 import anyio
 from anyio.abc import TaskStatus
@@ -70,3 +71,116 @@ class VersionedEngine:
     async def update_weights(self, path: str, version: int, *, mode: str, kv: str) -> None:
         self.engine.version = version
         self.updates.append((version, mode, kv))
+
+
+class DemoScript:
+    """A scripted-engine script that replays each trajectory's own task demonstration.
+
+    The trajectory id (the session key) is looked up in the store to find its task; a stable
+    hash of the id decides whether the trajectory replays the correct or a deliberately wrong
+    demonstration (`correct_fraction`), so groups have reward variance like a real policy's.
+    """
+
+    def __init__(self, store: Store, family, chat_format, *, correct_fraction: float = 0.5) -> None:
+        self.store, self.family, self.chat_format = store, family, chat_format
+        self.correct_fraction = correct_fraction
+        self._turns: dict[str, list] = {}
+
+    def _trajectory_turns(self, key: str) -> list:
+        from sqlalchemy import select
+
+        from orchestrator.scripted_engine import ScriptedTurn
+        from stalewise.store import schema as s
+
+        with self.store.engine.connect() as c:
+            task_key = c.execute(select(s.TaskInstance.key).join(
+                s.Trajectory, s.Trajectory.task_instance_id == s.TaskInstance.id)
+                .where(s.Trajectory.id == int(key))).scalar_one()
+        correct = (zlib.crc32(key.encode()) % 1000) / 1000 < self.correct_fraction
+        demo = self.family.demonstration(self.family.by_key(task_key), correct)
+        return [ScriptedTurn(tuple(self.chat_format.encode_assistant(text)))
+                for text in demo.assistant_texts]
+
+    def __call__(self, key: str, index: int):
+        turns = self._turns.get(key)
+        if turns is None:
+            turns = self._turns[key] = self._trajectory_turns(key)
+        return turns[min(index, len(turns) - 1)]
+
+
+class CapacityEngine:
+    """An engine model with finite capacity around the scripted engine, for pipeline studies.
+
+    At most `slots` requests decode at once (continuous batching's batch size); each sampled
+    token costs `decode_s` and each uncached prompt token `prefill_s`. Weight updates cost what
+    they cost a real engine: `drain` holds new requests until those in progress finish;
+    `inflight` with `kv = recompute` stalls decoding while every in-flight context is
+    prefilled again; `retain` and `pin` are free. `busy_s` is the time with work in progress.
+    """
+
+    def __init__(self, engine, *, slots: int, decode_s: float, prefill_s: float = 0.0,
+                 tick_s: float = 0.01) -> None:
+        self.engine, self.slots = engine, anyio.CapacityLimiter(slots)
+        self.decode_s, self.prefill_s, self.tick_s = decode_s, prefill_s, tick_s
+        self.version = 0
+        self.busy_s = 0.0
+        self.update_pause_s = 0.0
+        self._active: dict[int, int] = {}  # request -> context tokens
+        self._admit = anyio.Event()  # closed: new requests wait (drain)
+        self._admit.set()
+        self._decode = anyio.Event()  # closed: decoding stalls (recompute)
+        self._decode.set()
+        self._busy_since: float | None = None
+        self._next = 0
+
+    def _enter(self, context: int) -> int:
+        self._next += 1
+        if not self._active:
+            self._busy_since = time.monotonic()
+        self._active[self._next] = context
+        return self._next
+
+    def _leave(self, request: int) -> None:
+        del self._active[request]
+        if not self._active and self._busy_since is not None:
+            self.busy_s += time.monotonic() - self._busy_since
+            self._busy_since = None
+
+    async def generate(self, request):
+        async with self.slots:
+            await self._admit.wait()
+            handle = self._enter(len(request.prompt_token_ids))
+            try:
+                self.engine.version = self.version
+                result = await self.engine.generate(request)
+                work = (len(result.tokens) * self.decode_s
+                        + (result.prompt_tokens - result.cached_prompt_tokens) * self.prefill_s)
+                while work > 0:  # decode in ticks; a closed gate (an update) stalls it
+                    await self._decode.wait()
+                    step = min(self.tick_s, work)
+                    await anyio.sleep(step)
+                    work -= step
+                return result
+            finally:
+                self._leave(handle)
+
+    async def release_session(self, session_id: str) -> None:
+        await self.engine.release_session(session_id)
+
+    async def update_weights(self, path: str, version: int, *, mode: str, kv: str) -> None:
+        started = time.monotonic()
+        self._admit = anyio.Event()
+        stall = mode == "inflight" and kv == "recompute"
+        if stall:
+            self._decode = anyio.Event()
+        try:
+            if mode == "drain":
+                while self._active:
+                    await anyio.sleep(self.tick_s)
+            elif stall:
+                await anyio.sleep(sum(self._active.values()) * self.prefill_s)
+            self.version = version
+        finally:
+            self._admit.set()
+            self._decode.set()
+            self.update_pause_s += time.monotonic() - started

@@ -207,8 +207,8 @@ class AdmissionDecision(Base):
     group_id: Mapped[int | None] = mapped_column(ForeignKey("groups.id"), index=True)
     decision: Mapped[str] = mapped_column(String(16))  # admit|drop|requeue|mask
     reason: Mapped[str] = mapped_column(String(64))
-    learner_version: Mapped[int] = mapped_column(Integer)
-    lag: Mapped[int | None] = mapped_column(Integer)
+    learner_version: Mapped[int] = mapped_column(Integer)  # the version expected to train it
+    lag: Mapped[int | None] = mapped_column(Integer)  # learner_version - oldest token version
     details: Mapped[dict | None] = mapped_column(JSON)
     created_at: Mapped[float] = mapped_column(Float)
 

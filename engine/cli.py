@@ -39,6 +39,8 @@ def serve_command(
         None, min=2, help="context length cap (default: the model's); bounds KV memory"),
     served_model_name: str | None = typer.Option(None, help="name in /v1/models (default: --model)"),
     log_level: str = typer.Option("warning", help="uvicorn log level"),
+    max_resident_versions: int = typer.Option(
+        4, min=1, help="weights versions held at once for pinned requests (mode=pin)"),
 ) -> None:
     """Serve MODEL over HTTP: vLLM-compatible /v1/completions plus the stalewise routes."""
     from engine.checkpoint import CheckpointError, read_config
@@ -50,7 +52,7 @@ def serve_command(
         serve(model, host=host, port=port, port_file=port_file, version=initial_version,
               max_batch=max_batch, session_cache_mb=session_cache_mb, seed=seed, threads=threads,
               max_model_len=max_model_len, served_model_name=served_model_name,
-              log_level=log_level)
+              log_level=log_level, max_resident_versions=max_resident_versions)
     except CheckpointError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc

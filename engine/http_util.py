@@ -2,7 +2,8 @@
 
 Guarantees: every refused request becomes an OpenAI-shaped error body
 `{"error": {"message", "type", "code"}}`; `until_done_or_disconnect` aborts the request in the
-engine when its client disconnects, and turns an engine shutdown into a 503.
+engine when its client disconnects, turns an engine shutdown into a 503 and a request pinned
+to a weights version that is not resident into a 409.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.responses import JSONResponse
 
 from engine.core import Engine
 from engine.requests import EngineOutput, EngineStopped, RequestError, SamplingSpec, TokenEvent
+from engine.versions import VersionNotResident
 
 
 class HttpError(Exception):
@@ -54,19 +56,24 @@ async def wait(future: Future) -> Any:
 
 
 def submit(engine: Engine, prompt: list[int], spec: SamplingSpec, *, session_id: str | None,
-           request_id: str, listener: Callable[[TokenEvent], None] | None = None) -> Future:
+           request_id: str, listener: Callable[[TokenEvent], None] | None = None,
+           weights_version: int | None = None) -> Future:
     try:
         return engine.submit(prompt, spec, session_id=session_id, request_id=request_id,
-                             listener=listener)
+                             listener=listener, weights_version=weights_version)
     except RequestError as exc:
         raise HttpError(400, str(exc)) from exc
 
 
 async def until_done_or_disconnect(engine: Engine, request: Request, future: Future,
                                    request_id: str) -> EngineOutput:
-    """Wait for the output; abort the request in the engine if the client goes away."""
+    """Wait for the output; abort the request in the engine if the client goes away.
+
+    A request pinned to a version that is not resident (or was evicted while it ran) is a 409;
+    an engine that stopped is a 503."""
     result: EngineOutput | None = None
     failure: EngineStopped | None = None
+    refused: RequestError | None = None
 
     async def watch() -> None:
         while True:
@@ -81,8 +88,12 @@ async def until_done_or_disconnect(engine: Engine, request: Request, future: Fut
             result = await wait(future)
         except EngineStopped as exc:
             failure = exc
+        except RequestError as exc:
+            refused = exc
         finally:
             group.cancel_scope.cancel()
+    if refused is not None:
+        raise HttpError(409 if isinstance(refused, VersionNotResident) else 400, str(refused))
     if failure is not None or result is None:
         raise HttpError(503, str(failure))
     return result

@@ -133,8 +133,8 @@ class EngineProcess:
               initial_version: int = 0, max_batch: int = 64, session_cache_mb: float = 256.0,
               seed: int = 0, threads: int = 1, max_model_len: int | None = None,
               served_model_name: str | None = None, log_path: str | Path | None = None,
-              startup_timeout: float = 120.0, env: dict[str, str] | None = None
-              ) -> EngineProcess:
+              startup_timeout: float = 120.0, env: dict[str, str] | None = None,
+              max_resident_versions: int = 4) -> EngineProcess:
         workdir = Path(tempfile.mkdtemp(prefix="stalewise-engine-"))
         port_file = workdir / "port"
         log = Path(log_path) if log_path is not None else workdir / "engine.log"
@@ -142,7 +142,8 @@ class EngineProcess:
                    "--host", host, "--port", str(port), "--port-file", str(port_file),
                    "--initial-version", str(initial_version), "--max-batch", str(max_batch),
                    "--session-cache-mb", str(session_cache_mb), "--seed", str(seed),
-                   "--threads", str(threads)]
+                   "--threads", str(threads),
+                   "--max-resident-versions", str(max_resident_versions)]
         if served_model_name:
             command += ["--served-model-name", served_model_name]
         if max_model_len:

@@ -36,6 +36,9 @@ class EngineMetrics:
         self.last_update_pause_s = 0.0
         self.decode_batch_total = 0
         self.decode_steps = 0
+        self.versions_freed = 0
+        self.versions_evicted = 0
+        self.session_version_misses = 0
 
     def add_prefill(self, seconds: float, tokens: int) -> None:
         self.prefill_s += seconds
@@ -99,9 +102,15 @@ class EngineMetrics:
             "sessions/retained": state.get("sessions", 0),
             "sessions/retained_tokens": state.get("session_tokens", 0),
             "sessions/evicted_total": state.get("session_evicted", 0),
+            "sessions/pinned": state.get("pinned_sessions", 0),
+            "sessions/version_misses_total": self.session_version_misses,
+            "versions/resident": state.get("resident_versions", 1),
+            "versions/freed_total": self.versions_freed,
+            "versions/evicted_total": self.versions_evicted,
             "requests/finished_total": self.finished,
             "requests/aborted_total": self.aborted,
             "steps/total": self.steps,
+            "steps/decode_forwards_total": self.decode_steps,
             "time/prefill_s": self.prefill_s,
             "time/decode_s": self.decode_s,
             "time/sample_s": self.sample_s,

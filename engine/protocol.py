@@ -7,7 +7,8 @@ Two families:
   `stream`), plus vLLM's development routes `/pause`, `/resume`, `/is_paused`,
   `/reset_prefix_cache` and `/collective_rpc` (for the stalewise worker-extension methods only).
 - stalewise: `/stalewise/generate` returns every field of `stalewise.records.SampledTokens`,
-  arrays as base64 of little-endian int32/float32 (exact, compact, and -inf survives);
+  arrays as base64 of little-endian int32/float32 (exact, compact, and -inf survives), with an
+  optional `weights_version` that pins the request (and its session) to a resident version;
   `/stalewise/update_weights`, `/stalewise/abort`, `/stalewise/release_session`,
   `/stalewise/metrics`, `/stalewise/info`.
 
@@ -40,6 +41,9 @@ class GenerateBody(BaseModel):
     session_id: str | None = None
     request_id: str | None = None
     ignore_eos: bool = False
+    weights_version: int | None = Field(
+        None, ge=0, description="serve with this resident weights version (pins the session "
+                                "until release); None = the current version")
 
 
 def generate_reply(*, request_id: str, engine_id: str, finish_reason: str, prompt_tokens: int,
@@ -69,7 +73,7 @@ class UpdateWeightsBody(BaseModel):
 
     path: str = Field(description="HF checkpoint directory written by the learner")
     version: int = Field(ge=0, description="policy version of these weights")
-    mode: Literal["inflight", "drain"] = "inflight"
+    mode: Literal["inflight", "drain", "pin"] = "inflight"
     kv: Literal["retain", "recompute"] = "recompute"
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from stalewise.engine_api import FinishReason, SamplingParams
 from stalewise.records import SampledTokens
 
-UpdateMode = Literal["inflight", "drain"]
+UpdateMode = Literal["inflight", "drain", "pin"]
 KvPolicy = Literal["retain", "recompute"]
 PauseMode = Literal["keep", "wait", "abort"]
 
@@ -121,3 +121,5 @@ class UpdateReport:
     recomputed_tokens: int       # positions re-prefilled (kv=recompute)
     invalidated_sessions: int    # retained session caches dropped (kv=recompute)
     already_applied: bool = False
+    resident_versions: tuple[int, ...] = ()   # weights versions held after the update
+    evicted_versions: tuple[int, ...] = ()    # still referenced, dropped for the resident cap

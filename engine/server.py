@@ -4,14 +4,15 @@ Routes (schemas in `engine.protocol`, described in docs/engine.md):
 
     GET  /health  /v1/models  /is_paused  /metrics  /stalewise/metrics  /stalewise/info
     POST /v1/completions        vLLM-compatible; token-id prompts, logprobs, token_id:N tokens
-    POST /stalewise/generate    token-level; every field of SampledTokens
+    POST /stalewise/generate    token-level; every field of SampledTokens; optional weights_version
     POST /stalewise/update_weights  /stalewise/abort  /stalewise/release_session
     POST /pause?mode=keep|wait|abort  /resume  /reset_prefix_cache  /collective_rpc  (vLLM's)
 
 Guarantees: a request whose client disconnects is aborted in the engine (its row is freed at
 the next step boundary); bad input gets a 400 with an OpenAI-style error body
-`{"error": {"message", "type", "code"}}` whose message says what to change; a failed engine
-answers 503 on every route, including /health.
+`{"error": {"message", "type", "code"}}` whose message says what to change; a generate pinned
+to a weights version that is not resident gets a 409 naming the version and the resident ones;
+a failed engine answers 503 on every route, including /health.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class EngineApp:
             raise HttpError(400, str(exc)) from exc
         request_id = body.request_id or uuid.uuid4().hex
         future = submit(self.engine, body.prompt_token_ids, spec, session_id=body.session_id,
-                              request_id=request_id)
+                        request_id=request_id, weights_version=body.weights_version)
         output = await until_done_or_disconnect(self.engine, request, future, request_id)
         return JSONResponse(generate_reply(
             request_id=request_id, engine_id=self.engine.engine_id,
@@ -128,12 +129,15 @@ class EngineApp:
             "weights_version": self.engine.version, "max_model_len": self.engine.max_len,
             "vocab_size": self.engine.vocab_size, "eos_token_ids": sorted(self.engine.eos_ids),
             "max_batch": self.engine.max_batch, "paused": self.engine.paused,
+            "resident_versions": list(self.engine.resident_versions),
+            "max_resident_versions": self.engine.max_resident_versions,
         })
 
     async def health(self, request: Request) -> Response:
         self._check_alive()
         return JSONResponse({"status": "ok", "engine_id": self.engine.engine_id,
-                             "weights_version": self.engine.version})
+                             "weights_version": self.engine.version,
+                             "resident_versions": list(self.engine.resident_versions)})
 
     # ---- vLLM-compatible control routes --------------------------------------------------------
     async def pause(self, request: Request) -> Response:
@@ -239,7 +243,7 @@ def serve(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
           port_file: str | Path | None = None, version: int = 0, max_batch: int = 64,
           session_cache_mb: float = 256.0, seed: int = 0, threads: int = 1,
           max_model_len: int | None = None, served_model_name: str | None = None,
-          log_level: str = "warning") -> None:
+          log_level: str = "warning", max_resident_versions: int = 4) -> None:
     """Load the model, bind the port (0 = any free port, written to `port_file`), serve."""
     import torch
     import uvicorn
@@ -249,7 +253,8 @@ def serve(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
     torch.set_num_threads(threads)
     model_dir = Path(model_dir)
     engine = Engine(model_dir, version=version, max_batch=max_batch,
-                    session_budget_mb=session_cache_mb, seed=seed, max_model_len=max_model_len)
+                    session_budget_mb=session_cache_mb, seed=seed, max_model_len=max_model_len,
+                    max_resident_versions=max_resident_versions)
     app = build_app(engine, model_name=served_model_name or str(model_dir),
                     tokenizer=_load_tokenizer(model_dir))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -62,6 +62,10 @@ class VersionSpans:
             start = end
         return oldest
 
+    def versions(self) -> set[int]:
+        """Every version that computed at least one position."""
+        return {version for _, version in self.runs}
+
     def copy(self) -> VersionSpans:
         return VersionSpans(list(self.runs))
 
@@ -96,6 +100,9 @@ class SessionStore:
     @property
     def tokens(self) -> int:
         return sum(len(c.token_ids) for c in self._caches.values())
+
+    def session_ids(self) -> list[str]:
+        return list(self._caches)
 
     def pop(self, session_id: str) -> SessionCache | None:
         cache = self._caches.pop(session_id, None)

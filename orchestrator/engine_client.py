@@ -21,6 +21,14 @@ Backends, one client:
   (`/pause`), reload through the stalewise worker extension (`/collective_rpc`), reset the prefix
   cache (preempting running requests for `recompute`) and resume.
 
+Version pinning (async pipelines): `update_weights(path, version, mode="pin")` makes `version`
+current while the embedded engine keeps older versions resident for the trajectories pinned to
+them; `client.pinned(version)` is an `InferenceEngine` whose every request carries
+`weights_version=version`, so a trajectory's turns all come from the version it started with.
+A request pinned to a version the engine no longer holds raises `VersionNotResidentError`. vLLM
+serves one version at a time: `pinned()`, `mode="pin"` and pinned requests raise `EngineError`
+there (use `inflight` or `drain` with vLLM).
+
 Failure policy: every failure is an `EngineError` whose message names the engine, the route
 and what to do. Timeouts are explicit per call class (`EngineTimeouts`); the connection pool is
 bounded. Retries happen only where they cannot duplicate work: connection failures (the request
@@ -33,6 +41,7 @@ for the embedded engine, an explicit abort is sent as well.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import time
 import uuid
@@ -47,10 +56,19 @@ from stalewise.engine_api import EngineError, GenerateRequest, GenerateResult, S
 from stalewise.records import FLOAT32, INT32, SampledTokens
 
 Backend = Literal["stalewise", "vllm"]
-UpdateMode = Literal["inflight", "drain"]
+UpdateMode = Literal["inflight", "drain", "pin"]
 KvPolicy = Literal["retain", "recompute"]
 PauseMode = Literal["keep", "wait", "abort"]
 VLLM_LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this in JSON
+GENERATE_PATH = "/stalewise/generate"
+VLLM_CANNOT_PIN = ("async version pinning needs the embedded engine (backend='stalewise'), which "
+                   "keeps several weights versions resident; vLLM serves one version at a time. "
+                   "With vLLM use update mode 'inflight' or 'drain' (pipeline mode 'inflight', "
+                   "or 'sync')")
+
+
+class VersionNotResidentError(EngineError):
+    """A request was pinned to a weights version the engine does not hold (any more)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,8 @@ class WeightUpdateReport:
     invalidated_sessions: int
     already_applied: bool
     backend: Backend
+    resident_versions: tuple[int, ...] = ()   # held by the engine after the update
+    evicted_versions: tuple[int, ...] = ()    # dropped while still pinned (resident cap)
 
 
 class _NotSent(Exception):
@@ -187,6 +207,9 @@ class EngineClient:
             await anyio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
 
     def _check(self, response: httpx.Response, path: str) -> Any:
+        if response.status_code == 409 and path == GENERATE_PATH:
+            raise VersionNotResidentError(f"the {self._where(path)} answered 409: "
+                                          f"{self._error_message(response)}")
         if response.status_code >= 400:
             raise EngineError(f"the {self._where(path)} answered {response.status_code}: "
                               f"{self._error_message(response)}")
@@ -226,14 +249,19 @@ class EngineClient:
     # ---- InferenceEngine -----------------------------------------------------------------------
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if self.backend == "vllm":
+            if request.weights_version is not None:
+                raise EngineError(f"request pinned to weights version {request.weights_version} "
+                                  f"cannot be served by the {self._where('')}: {VLLM_CANNOT_PIN}")
             return await self._generate_vllm(request)
         request_id = uuid.uuid4().hex
         body = {"prompt_token_ids": [int(t) for t in request.prompt_token_ids],
                 "params": request.params.model_dump(mode="json"),
                 "session_id": request.session_id, "request_id": request_id,
                 "ignore_eos": self.ignore_eos}
+        if request.weights_version is not None:
+            body["weights_version"] = int(request.weights_version)
         try:
-            reply = await self._call("POST", "/stalewise/generate", idempotent=False,
+            reply = await self._call("POST", GENERATE_PATH, idempotent=False,
                                      read_timeout=self.timeouts.generate, json_body=body)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeouts.control):
@@ -245,7 +273,7 @@ class EngineClient:
         return self._result_from_reply(reply)
 
     def _result_from_reply(self, reply: Any) -> GenerateResult:
-        where = self._where("/stalewise/generate")
+        where = self._where(GENERATE_PATH)
         try:
             if reply.get("encoding") != "base64-le":
                 raise EngineError(f"{where} used array encoding {reply.get('encoding')!r}; "
@@ -274,9 +302,17 @@ class EngineClient:
             raise EngineError(f"{where} sent a malformed reply ({type(exc).__name__}: {exc})") from exc
 
     async def release_session(self, session_id: str) -> None:
+        """Forget the session's retained KV and, on the embedded engine, its version pin."""
         if self.backend == "vllm":
             return  # vLLM's prefix cache is automatic and keyed by content, not by session
         await self._call("POST", "/stalewise/release_session", json_body={"session_id": session_id})
+
+    def pinned(self, version: int) -> PinnedEngine:
+        """An `InferenceEngine` serving every request with weights `version` (embedded engine)."""
+        if self.backend == "vllm":
+            raise EngineError(f"cannot pin the {self._where('')} to weights version {version}: "
+                              f"{VLLM_CANNOT_PIN}")
+        return PinnedEngine(self, version)
 
     # ---- vLLM path -------------------------------------------------------------------------------
     async def model_name(self) -> str:
@@ -352,10 +388,19 @@ class EngineClient:
     # ---- admin ---------------------------------------------------------------------------------
     async def update_weights(self, path: str, version: int, *, mode: UpdateMode = "inflight",
                              kv: KvPolicy = "recompute") -> WeightUpdateReport:
-        """Make the engine serve the checkpoint at `path` as policy `version`."""
-        if mode not in ("inflight", "drain") or kv not in ("retain", "recompute"):
-            raise ValueError(f"mode must be inflight|drain and kv retain|recompute, got {mode}/{kv}")
+        """Make the engine serve the checkpoint at `path` as policy `version`.
+
+        `inflight`: running unpinned requests continue under the new weights (`kv` retain or
+        recompute their cache); `drain`: they finish under the old ones first; `pin` (embedded
+        engine only): the new version becomes current, older ones stay resident while requests
+        or sessions are pinned to them, and nothing running changes weights."""
+        if mode not in ("inflight", "drain", "pin") or kv not in ("retain", "recompute"):
+            raise ValueError(f"mode must be inflight|drain|pin and kv retain|recompute, "
+                             f"got {mode}/{kv}")
         if self.backend == "vllm":
+            if mode == "pin":
+                raise EngineError(f"weight update mode 'pin' is not available on the "
+                                  f"{self._where('')}: {VLLM_CANNOT_PIN}")
             return await self._update_vllm(path, version, mode, kv)
         reply = await self._call("POST", "/stalewise/update_weights",
                                  read_timeout=self.timeouts.admin, json_body={
@@ -368,7 +413,9 @@ class EngineClient:
             wait_s=float(reply["wait_s"]), in_flight_sequences=int(reply["in_flight_sequences"]),
             recomputed_tokens=int(reply["recomputed_tokens"]),
             invalidated_sessions=int(reply["invalidated_sessions"]),
-            already_applied=bool(reply.get("already_applied", False)), backend="stalewise")
+            already_applied=bool(reply.get("already_applied", False)), backend="stalewise",
+            resident_versions=tuple(int(v) for v in reply.get("resident_versions") or ()),
+            evicted_versions=tuple(int(v) for v in reply.get("evicted_versions") or ()))
 
     async def _update_vllm(self, path: str, version: int, mode: UpdateMode,
                            kv: KvPolicy) -> WeightUpdateReport:
@@ -396,7 +443,8 @@ class EngineClient:
                                   pause_s=time.monotonic() - paused_at,
                                   wait_s=paused_at - started, in_flight_sequences=-1,
                                   recomputed_tokens=-1, invalidated_sessions=-1,
-                                  already_applied=False, backend="vllm")
+                                  already_applied=False, backend="vllm",
+                                  resident_versions=(int(version),))
 
     async def pause(self, mode: PauseMode = "keep") -> None:
         """Stop generating (`keep`: freeze running requests; `wait`: let them finish first;
@@ -438,6 +486,29 @@ class EngineClient:
                 await anyio.sleep(0.2)
             return
         raise EngineError(f"the {self._where('/health')} did not become healthy in {timeout:.0f}s")
+
+
+class PinnedEngine:
+    """`InferenceEngine` view of one client: every request is served with one weights version.
+
+    The orchestrator hands this to the agent loop for a trajectory that must stay on the version
+    it started with; the loop itself is unchanged. `release_session` also drops the session's
+    pin, which lets the engine free the version once nothing else uses it."""
+
+    def __init__(self, client: EngineClient, version: int) -> None:
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"weights version must be an int >= 0, got {version!r}")
+        self.client = client
+        self.version = version
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if request.weights_version not in (None, self.version):
+            raise ValueError(f"request is pinned to weights version {request.weights_version} "
+                             f"but this engine view serves version {self.version}")
+        return await self.client.generate(dataclasses.replace(request, weights_version=self.version))
+
+    async def release_session(self, session_id: str) -> None:
+        await self.client.release_session(session_id)
 
 
 class _VllmAccumulator:

@@ -42,6 +42,9 @@ class GenerateRequest:
     prompt_token_ids: Sequence[int]
     params: SamplingParams
     session_id: str | None = None
+    # Serve this request with the weights of that version (the trajectory's pinned version);
+    # None = the current version. Only engines that keep several versions resident honour it.
+    weights_version: int | None = None
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,9 @@ def run_mode(mode: str, kv: str, args, directory: Path) -> dict:
     family = longhaul.family(min_k=1, max_k=args.max_k, latency_median_s=args.latency,
                              latency_sigma=1.0, latency_max_s=args.latency_max)
     chat = make_chat_format(build_tiny_tokenizer(), "hermes", tool_listing="none")
-    script = DemoScript(store, family, chat, correct_fraction=0.6)
+    running: dict[str, Pipeline] = {}
+    script = DemoScript(lambda tid: running["pipeline"].task_of(tid), family, chat,
+                        correct_fraction=0.6)
     engine = CapacityEngine(ScriptedEngine(script, keep_requests=False), slots=args.engine_slots,
                             decode_s=args.decode_ms / 1000, prefill_s=args.prefill_ms / 1000)
     learner = FakeLearner(store, run_id, batch_size=args.batch, max_steps=args.steps,
@@ -81,6 +83,7 @@ def run_mode(mode: str, kv: str, args, directory: Path) -> dict:
             pipeline = Pipeline(run_id=run_id, cfg=cfg, store=store, writer=writer,
                                 engine=engine, weights=engine, family=family, chat_format=chat,
                                 acquire=asynccontextmanager(no_sandbox), poll_s=0.02)
+            running["pipeline"] = pipeline
             await pipeline.run()
             tg.cancel_scope.cancel()
         return pipeline

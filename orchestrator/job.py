@@ -226,7 +226,11 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
         pipeline = Pipeline(run_id=run_id, cfg=job, store=store, writer=writer, engine=client,
                             weights=client, family=family, chat_format=chat_format,
                             acquire=pools.acquire, engine_version=version,
-                            start_index=store.count_groups(run_id), engine_health=client.health)
+                            start_index=store.count_groups(run_id), engine_health=client.health,
+                            async_updates="drain" if job.engine.kind == "vllm" else "pin")
+        if job.engine.kind == "vllm" and job.pipeline.mode == "async":
+            log.warning("vLLM cannot keep older weights resident: in async mode a trajectory's "
+                        "later turns may use newer weights (drain updates)")
         results: list[EvalResult] = []
         async with anyio.create_task_group() as tg:
             await tg.start(writer.run)

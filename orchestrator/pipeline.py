@@ -6,8 +6,10 @@ Modes (design.md):
 - `async`: generation never waits for the learner except through two bounds: admitted work may
   run at most `max_lag` versions ahead of the learner (AReaL-style: no group is dispatched that
   would be consumed more than `max_lag` versions after its start) and at most `max_queue`
-  admitted trajectories may wait unconsumed. New weights reach the engine after the requests in
-  progress finish (`drain`), so a trajectory's turns may use successive versions.
+  admitted trajectories may wait unconsumed. Each trajectory stays on the version it started
+  with (the engine keeps older versions resident for pinned trajectories, `pin` updates); new
+  trajectories start on the newest. Engines that cannot pin (vLLM) use `drain` instead: the
+  requests in progress finish first, and a trajectory's later turns may use newer weights.
 - `inflight`: as `async`, and new weights are swapped in between two decode steps: sequences in
   progress continue under the new weights with their KV cache retained or recomputed.
 
@@ -48,6 +50,23 @@ Acquire = Callable[[SandboxSpec, str], AbstractAsyncContextManager[Sandbox]]
 
 class EngineUnavailable(RuntimeError):
     """The inference engine stopped answering for longer than the configured limit."""
+
+
+class PinOnFirstCall:
+    """One trajectory's engine in `async` mode: its first request is pinned to the version the
+    engine serves at that moment, and every later request of the trajectory to the same one."""
+
+    def __init__(self, engine, current_version: Callable[[], int]) -> None:
+        self.engine, self.current_version = engine, current_version
+        self.view: InferenceEngine | None = None
+
+    async def generate(self, request):
+        if self.view is None:
+            self.view = self.engine.pinned(self.current_version())
+        return await self.view.generate(request)
+
+    async def release_session(self, session_id: str) -> None:
+        await (self.view or self.engine).release_session(session_id)
 
 
 MAX_ATTEMPTS = 3
@@ -109,7 +128,8 @@ class Pipeline:
                  engine: InferenceEngine, weights: WeightsTarget | None, family: TaskFamily,
                  chat_format: ChatFormat, acquire: Acquire, engine_version: int = 0,
                  start_index: int = 0, poll_s: float = 0.2,
-                 engine_health: Callable[[], Awaitable[bool]] | None = None) -> None:
+                 engine_health: Callable[[], Awaitable[bool]] | None = None,
+                 async_updates: str = "pin") -> None:
         self.run_id, self.cfg, self.store, self.writer = run_id, cfg, store, writer
         self.engine, self.weights, self.family, self.chat_format = engine, weights, family, chat_format
         self.acquire = acquire
@@ -128,8 +148,11 @@ class Pipeline:
         self.stats = PipelineStats()
         self.in_flight = 0
         self.undecided = 0  # dispatched members whose decision is not stored yet
-        self.unfinished: set[int] = set()
+        self.unfinished: dict[int, TaskInstance] = {}  # trajectory id -> task, in flight
         self.engine_health = engine_health
+        # `pin` keeps each async trajectory on one version (the embedded engine); `drain` is the
+        # fallback for engines that cannot pin (vLLM): later turns may use newer weights.
+        self.async_updates = async_updates
         self._engine_down = False
         self._changed = anyio.Event()
 
@@ -216,7 +239,7 @@ class Pipeline:
             self._notify()
 
     async def _watch_learner(self) -> None:
-        mode = "inflight" if self.cfg.pipeline.mode == "inflight" else "drain"
+        mode = "inflight" if self.cfg.pipeline.mode == "inflight" else self.async_updates
         while True:
             await self._refresh_learner()
             if self.cfg.pipeline.mode != "sync" and self.learner.version > self.engine_version:
@@ -251,43 +274,53 @@ class Pipeline:
     async def _dispatch_group(self) -> GroupState:
         task = self._task(self.next_index)
         self.next_index += 1
-        size = self.cfg.rollout.group_size
-
-        def create() -> tuple[int, int]:
-            instance = self.store.task_instance_id(
-                self.run_id, family=task.family, key=task.key, content_hash=task.content_hash,
-                difficulty=task.difficulty, prompt=task.prompt[-1].content)
-            return instance, self.store.create_group(self.run_id, instance, size=size,
-                                                     dispatch_version=self.engine_version)
-
-        instance_id, group_id = await anyio.to_thread.run_sync(create)
-        group = GroupState(group_id, task, instance_id, size, self.engine_version)
+        size, version = self.cfg.rollout.group_size, self.engine_version
+        instance_id, group_id, trajectory_ids = await self.writer.transact(
+            lambda c: self.store.create_group_in(
+                c, self.run_id, family=task.family, key=task.key, content_hash=task.content_hash,
+                difficulty=task.difficulty, prompt=task.prompt[-1].content, size=size,
+                dispatch_version=version), urgent=True)
+        group = GroupState(group_id, task, instance_id, size, version)
         self.undecided += size
-        for sample in range(size):
+        for sample, trajectory_id in enumerate(trajectory_ids):
             group.attempts[sample] = 0
-            self._tg.start_soon(self._run_member, group, sample)
+            self.unfinished[trajectory_id] = task
+            self._tg.start_soon(self._run_member, group, sample, trajectory_id)
         self.stats.dispatched += size
         return group
 
-    async def _run_member(self, group: GroupState, sample: int) -> None:
+    async def _requeue(self, group: GroupState, sample: int) -> None:
+        group.attempts[sample] += 1
+        self.undecided += 1
+        trajectory_id = await self.writer.transact(lambda c: self.store.create_trajectory_in(
+            c, self.run_id, group_id=group.group_id, task_instance_id=group.task_instance_id,
+            sample_index=sample, attempt=group.attempts[sample],
+            dispatch_version=self.engine_version), urgent=True)
+        self.unfinished[trajectory_id] = group.task
+        self._tg.start_soon(self._run_member, group, sample, trajectory_id)
+
+    def task_of(self, trajectory_id: int) -> TaskInstance | None:
+        """The task of a trajectory still in flight (for fakes that replay demonstrations)."""
+        return self.unfinished.get(trajectory_id)
+
+    async def _run_member(self, group: GroupState, sample: int, trajectory_id: int) -> None:
         attempt = group.attempts[sample]
-        trajectory_id = await anyio.to_thread.run_sync(lambda: self.store.create_trajectory(
-            self.run_id, group_id=group.group_id, task_instance_id=group.task_instance_id,
-            sample_index=sample, attempt=attempt, dispatch_version=self.engine_version))
-        self.unfinished.add(trajectory_id)
         async with self.limiter:
             self.in_flight += 1
             await self.writer.put_trajectory_update(trajectory_id, {"status": "running"})
             try:
+                engine = self.engine
+                if self.cfg.pipeline.mode == "async" and self.async_updates == "pin":
+                    engine = PinOnFirstCall(self.engine, lambda: self.engine_version)
                 outcome = await run_trajectory(
-                    task=group.task, engine=self.engine,
+                    task=group.task, engine=engine,
                     acquire_sandbox=lambda spec: self.acquire(spec, str(trajectory_id)),
                     chat_format=self.chat_format, params=self.params, recorder=self.recorder,
                     trajectory_id=str(trajectory_id), options=self.options)
             finally:
                 self.in_flight -= 1
         await self.writer.put_trajectory_update(trajectory_id, outcome_values(outcome))
-        self.unfinished.discard(trajectory_id)
+        self.unfinished.pop(trajectory_id, None)
         if outcome.stop_reason is StopReason.ENGINE_ERROR:
             await self._check_engine()
         self.stats.on_outcome(outcome)
@@ -316,14 +349,9 @@ class Pipeline:
         for d in requeued:
             index = next(i for i, m in group.finished.items() if m.trajectory_id == d.trajectory_id)
             del group.finished[index]
-            group.attempts[index] += 1
-            self.undecided += 1
-            self._tg.start_soon(self._run_member, group, index)
+            await self._requeue(group, index)
         if group.complete() and not requeued:
             group.decided = True
-            await anyio.to_thread.run_sync(
-                self.store.set_group_status, group.group_id,
-                "admitted" if any(d.streamed for d in decisions) or group.admitted else "dropped")
 
     def _stream_decisions(self, group: GroupState, sample: int, version: int,
                           max_tokens: int) -> list[Decision]:
@@ -347,13 +375,21 @@ class Pipeline:
     async def _store_decisions(self, group: GroupState, decisions: list[Decision]) -> None:
         if not decisions:
             return
-        if any(d.streamed for d in decisions):
-            await self.writer.flush()  # the learner must find every call of what it reads
         rows = [dict(trajectory_id=d.trajectory_id, group_id=group.group_id, action=d.action,
                      reason=d.reason, lag=d.lag, reward=d.reward if d.reward is not None else 0.0)
                 for d in decisions]
-        seqs = await anyio.to_thread.run_sync(
-            lambda: self.store.decide(self.run_id, rows, learner_version=self._training_version()))
+        closes = group.complete() and not any(d.action == "requeue" for d in decisions)
+        status = None
+        if closes:
+            status = "admitted" if group.admitted or any(d.streamed for d in decisions) \
+                else "dropped"
+        version = self._training_version()
+        # Through the writer: the trajectories' calls are committed with (or before) their
+        # stream entries, which is what the learner relies on when it reads them.
+        with anyio.CancelScope(shield=True):  # stored and counted together, or neither
+            seqs = await self.writer.transact(lambda c: self.store.decide_in(
+                c, self.run_id, rows, learner_version=version, group_id=group.group_id,
+                group_status=status))
         if seqs:
             self.stream_head = max(self.stream_head, seqs[-1])
         for d in decisions:

@@ -10,18 +10,28 @@ from typing import Any
 
 from orchestrator.rollout_types import ModelCallRecord, ToolCallRecord, TrajectoryOutcome
 from orchestrator.writer import StoreWriter
+from stalewise.engine_api import SamplingParams
 from stalewise.store.store import model_call_row
 
 
 class SqlRecorder:
     def __init__(self, writer: StoreWriter) -> None:
         self.writer = writer
+        self._sampling: dict[SamplingParams, str] = {}  # the loop reuses a few params objects
+
+    def _sampling_json(self, params: SamplingParams) -> str:
+        encoded = self._sampling.get(params)
+        if encoded is None:
+            if len(self._sampling) > 1024:
+                self._sampling.clear()
+            encoded = self._sampling[params] = params.model_dump_json()
+        return encoded
 
     async def model_call(self, record: ModelCallRecord) -> None:
         await self.writer.put_model_call(model_call_row(
             trajectory_id=int(record.trajectory_id), turn=record.turn, segment=record.segment,
             context_len=record.context_len, prompt_token_ids=record.prompt_token_ids,
-            tokens=record.tokens, sampling=record.params.model_dump(mode="json"),
+            tokens=record.tokens, sampling=self._sampling_json(record.params),
             engine_id=record.engine_id, finish_reason=record.finish_reason,
             cached_prompt_tokens=record.cached_prompt_tokens, started_at=record.started_at,
             finished_at=record.finished_at))

@@ -22,6 +22,7 @@ every call), so a caller must not change a prompt list after sending it.
 from __future__ import annotations
 
 import hashlib
+import dataclasses
 import math
 import random
 import struct
@@ -122,6 +123,11 @@ class ScriptedEngine:
         return GenerateResult(tokens=tokens, finish_reason=finish, prompt_tokens=len(prompt),
                               cached_prompt_tokens=cached, engine_id=self.engine_id)
 
+    def pinned(self, version: int) -> "ScriptedPinned":
+        """A view whose requests are served (stamped) with weights `version`, like the
+        embedded engine's pinned sessions."""
+        return ScriptedPinned(self, version)
+
     async def release_session(self, session_id: str) -> None:
         self.released.append(session_id)
         self._contexts.pop(session_id, None)
@@ -182,17 +188,18 @@ class ScriptedEngine:
         logprobs = (_LOGPROBS[start:start + count] if start + count <= len(_LOGPROBS)
                     else np.take(_LOGPROBS, np.arange(start, start + count), mode="wrap"))
         session = request.session_id or ""
+        version = self.version if request.weights_version is None else request.weights_version
         if self.kv_mode == "retain" and session:
-            kv = self._kv_version.setdefault(session, self.version)
+            kv = self._kv_version.setdefault(session, version)
         else:
-            kv = self.version
+            kv = version
         topk = min(self.topk, request.params.logprobs_topk or self.topk)
         topk_ids = topk_lp = None
         if topk:
             topk_ids, topk_lp = self._topk(ids, logprobs, topk, rng.rng)
         return SampledTokens(
             token_ids=np.asarray(ids, dtype=INT32), sampler_logprobs=logprobs,
-            weights_versions=self._constant(count, self.version),
+            weights_versions=self._constant(count, version),
             kv_versions=self._constant(count, kv), time_offsets=offsets,
             topk_ids=topk_ids, topk_logprobs=topk_lp)
 
@@ -282,3 +289,15 @@ def _from_mapping(scripts: Mapping[str, Sequence[ScriptedTurn]]) -> Callable[[st
                               f"of {key or 'the default session'} asked for another")
         return turns[index]
     return script
+
+
+class ScriptedPinned:
+    def __init__(self, engine, version: int) -> None:
+        self.engine, self.version = engine, version
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        return await self.engine.generate(dataclasses.replace(request,
+                                                              weights_version=self.version))
+
+    async def release_session(self, session_id: str) -> None:
+        await self.engine.release_session(session_id)

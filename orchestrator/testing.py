@@ -9,6 +9,7 @@ version v+1 every `publish_every` steps (publish-then-mark: the row is the only 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import zlib
 
@@ -76,35 +77,40 @@ class VersionedEngine:
 class DemoScript:
     """A scripted-engine script that replays each trajectory's own task demonstration.
 
-    The trajectory id (the session key) is looked up in the store to find its task; a stable
-    hash of the id decides whether the trajectory replays the correct or a deliberately wrong
-    demonstration (`correct_fraction`), so groups have reward variance like a real policy's.
+    `task_of` maps a trajectory id (the session key) to its task (`Pipeline.task_of`); a
+    stable hash of the id decides whether the trajectory replays the correct or a deliberately
+    wrong demonstration (`correct_fraction`), so groups have reward variance like a policy's.
     """
 
-    def __init__(self, store: Store, family, chat_format, *, correct_fraction: float = 0.5) -> None:
-        self.store, self.family, self.chat_format = store, family, chat_format
+    def __init__(self, task_of, family, chat_format, *, correct_fraction: float = 0.5) -> None:
+        self.task_of, self.family, self.chat_format = task_of, family, chat_format
         self.correct_fraction = correct_fraction
         self._turns: dict[str, list] = {}
+        self._by_task: dict[tuple[str, bool], list] = {}  # group members share their task
 
     def _trajectory_turns(self, key: str) -> list:
-        from sqlalchemy import select
-
         from orchestrator.scripted_engine import ScriptedTurn
-        from stalewise.store import schema as s
 
-        with self.store.engine.connect() as c:
-            task_key = c.execute(select(s.TaskInstance.key).join(
-                s.Trajectory, s.Trajectory.task_instance_id == s.TaskInstance.id)
-                .where(s.Trajectory.id == int(key))).scalar_one()
+        task = self.task_of(int(key))
+        if task is None:
+            raise KeyError(f"DemoScript: trajectory {key} is not in flight")
         correct = (zlib.crc32(key.encode()) % 1000) / 1000 < self.correct_fraction
-        demo = self.family.demonstration(self.family.by_key(task_key), correct)
-        return [ScriptedTurn(tuple(self.chat_format.encode_assistant(text)))
+        turns = self._by_task.get((task.key, correct))
+        if turns is None:
+            if len(self._by_task) > 4096:
+                self._by_task.clear()
+            demo = self.family.demonstration(task, correct)
+            turns = self._by_task[(task.key, correct)] = [
+                ScriptedTurn(tuple(self.chat_format.encode_assistant(text)))
                 for text in demo.assistant_texts]
+        return turns
 
     def __call__(self, key: str, index: int):
         turns = self._turns.get(key)
         if turns is None:
             turns = self._turns[key] = self._trajectory_turns(key)
+        if index >= len(turns) - 1:
+            self._turns.pop(key, None)  # the last turn: forget the script
         return turns[min(index, len(turns) - 1)]
 
 
@@ -151,7 +157,7 @@ class CapacityEngine:
             await self._admit.wait()
             handle = self._enter(len(request.prompt_token_ids))
             try:
-                self.engine.version = self.version
+                self.engine.version = self.version  # pinned requests carry their own version
                 result = await self.engine.generate(request)
                 work = (len(result.tokens) * self.decode_s
                         + (result.prompt_tokens - result.cached_prompt_tokens) * self.prefill_s)
@@ -166,6 +172,9 @@ class CapacityEngine:
 
     async def release_session(self, session_id: str) -> None:
         await self.engine.release_session(session_id)
+
+    def pinned(self, version: int) -> "_Pinned":
+        return _Pinned(self, version)
 
     async def update_weights(self, path: str, version: int, *, mode: str, kv: str) -> None:
         started = time.monotonic()
@@ -184,3 +193,16 @@ class CapacityEngine:
             self._admit.set()
             self._decode.set()
             self.update_pause_s += time.monotonic() - started
+
+
+
+class _Pinned:
+    def __init__(self, engine, version: int) -> None:
+        self.engine, self.version = engine, version
+
+    async def generate(self, request):
+        return await self.engine.generate(dataclasses.replace(request,
+                                                              weights_version=self.version))
+
+    async def release_session(self, session_id: str) -> None:
+        await self.engine.release_session(session_id)

@@ -2,20 +2,37 @@
 
 Agent loops hand rows to `StoreWriter.put_*` (no waiting on disk); one long-lived loop in the
 job's task group writes what has accumulated in a single transaction in a worker thread, at most
-`max_delay_s` after the first pending row. Guarantees: rows are written in submission order per
-table; `flush()` returns once everything submitted before it is committed; when `run` ends
-(closing or cancellation) it writes whatever is pending, so no recorded data is lost when the
-job shuts down. Memory is bounded: `put_*` waits when `max_pending` rows are queued.
+`max_delay_s` after the first pending row. `transact(work)` runs `work(connection)` in that same
+transaction, after the rows submitted before it, and returns its result: group creation and
+admission decisions ride along with the calls they depend on instead of opening transactions
+of their own.
+
+Guarantees: rows are written in submission order per table, and before any `transact` work
+submitted after them (so an admitted trajectory's calls are committed with or before its
+stream entry); `flush()` returns once everything submitted before it is committed; when `run`
+ends (closing or cancellation) it writes whatever is pending, so no recorded data is lost when
+the job shuts down. Memory is bounded: `put_*` waits when `max_pending` rows are queued.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
+from sqlalchemy import Connection
 
 from stalewise.store.store import Store
+
+T = TypeVar("T")
+
+
+class _Work:
+    def __init__(self, work: Callable[[Connection], Any]) -> None:
+        self.work = work
+        self.done = anyio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
 
 
 class StoreWriter:
@@ -26,6 +43,7 @@ class StoreWriter:
         self._model_calls: list[dict[str, Any]] = []
         self._tool_calls: list[dict[str, Any]] = []
         self._updates: list[tuple[int, dict[str, Any]]] = []
+        self._work: list[_Work] = []
         self._wake = anyio.Event()
         self._urgent = anyio.Event()
         self._room = anyio.Condition()
@@ -34,6 +52,7 @@ class StoreWriter:
         self._committed = 0
         self._closed = False
         self.rows_written = 0
+        self.transactions = 0
 
     @property
     def pending(self) -> int:
@@ -42,9 +61,10 @@ class StoreWriter:
     async def _admit(self) -> None:
         if self._closed:
             raise RuntimeError("StoreWriter is closed")
-        async with self._room:
-            while self.pending >= self.max_pending:
-                await self._room.wait()
+        if self.pending >= self.max_pending:  # the lock only when full: puts are the hot path
+            async with self._room:
+                while self.pending >= self.max_pending:
+                    await self._room.wait()
         self._submitted += 1
         self._wake.set()
 
@@ -60,6 +80,22 @@ class StoreWriter:
         await self._admit()
         self._updates.append((trajectory_id, values))
 
+    async def transact(self, work: Callable[[Connection], T], *, urgent: bool = False) -> T:
+        """Run `work(connection)` in the next batch transaction, after everything submitted
+        before it; returns its result (or raises its error). `urgent` skips the batching delay."""
+        if self._closed:
+            raise RuntimeError("StoreWriter is closed")
+        item = _Work(work)
+        self._work.append(item)
+        self._submitted += 1
+        self._wake.set()
+        if urgent:
+            self._urgent.set()
+        await item.done.wait()
+        if item.error is not None:
+            raise item.error
+        return item.result
+
     async def flush(self) -> None:
         target = self._submitted
         self._wake.set()
@@ -70,12 +106,31 @@ class StoreWriter:
 
     async def _write_pending(self) -> None:
         model_calls, tool_calls, updates = self._model_calls, self._tool_calls, self._updates
-        self._model_calls, self._tool_calls, self._updates = [], [], []
+        work = self._work
+        self._model_calls, self._tool_calls, self._updates, self._work = [], [], [], []
         target = self._submitted
-        if model_calls or tool_calls or updates:
+        try:
+            if model_calls or tool_calls or updates or work:
+                results = await anyio.to_thread.run_sync(lambda: self.store.write_batch(
+                    model_calls=model_calls, tool_calls=tool_calls, trajectory_updates=updates,
+                    then=[item.work for item in work]))
+                self.transactions += 1
+                self.rows_written += len(model_calls) + len(tool_calls) + len(updates)
+                for item, result in zip(work, results):
+                    item.result = result
+        except Exception as exc:
+            if not work:
+                raise
+            # The work broke the transaction: keep the rows (write them alone; if even that
+            # fails the job fails), and hand the error to the work's callers.
+            for item in work:
+                item.error = exc
             await anyio.to_thread.run_sync(lambda: self.store.write_batch(
                 model_calls=model_calls, tool_calls=tool_calls, trajectory_updates=updates))
             self.rows_written += len(model_calls) + len(tool_calls) + len(updates)
+        finally:
+            for item in work:
+                item.done.set()
         self._committed = target
         async with self._room:
             self._room.notify_all()

@@ -19,10 +19,10 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
-from sqlalchemy import Engine, func, insert, select, update
+from sqlalchemy import Connection, Engine, func, insert, select, text, update
 
 from stalewise.records import FLOAT32, INT32, UINT8, SampledTokens, pack, unpack
 from stalewise.store import schema as s
@@ -35,10 +35,11 @@ def now() -> float:
 
 def model_call_row(*, trajectory_id: int, turn: int, segment: int, context_len: int,
                    prompt_token_ids: Sequence[int] | np.ndarray, tokens: SampledTokens,
-                   sampling: dict[str, Any], engine_id: str, finish_reason: str,
+                   sampling: dict[str, Any] | str, engine_id: str, finish_reason: str,
                    cached_prompt_tokens: int, started_at: float, finished_at: float,
                    loss_mask: np.ndarray | None = None) -> dict[str, Any]:
-    """One `model_calls` row; the loss mask defaults to 1 on every sampled token."""
+    """One `model_calls` row; the loss mask defaults to 1 on every sampled token. `sampling` is
+    the request's sampling parameters, as a dict or already encoded as JSON."""
     if loss_mask is None:
         loss_mask = np.ones(len(tokens), dtype=UINT8)
     if len(loss_mask) != len(tokens):
@@ -100,6 +101,32 @@ def decode_model_call(row: Any) -> StoredModelCall:
         cached_prompt_tokens=row.cached_prompt_tokens, started_at=row.started_at,
         finished_at=row.finished_at,
     )
+
+
+def _raw_insert(table_name: str, columns: Sequence[str]):
+    """An INSERT without SQLAlchemy's per-value type processing (the hot path: thousands of
+    rows per second). Values must already be driver-ready: bytes, numbers, JSON as text."""
+    names = ", ".join(f'"{c}"' for c in columns)
+    values = ", ".join(f":{c}" for c in columns)
+    return text(f"INSERT INTO {table_name} ({names}) VALUES ({values})")
+
+
+_MODEL_CALL_COLUMNS = [c.name for c in s.ModelCall.__table__.columns if c.name != "id"]
+_TOOL_CALL_COLUMNS = [c.name for c in s.ToolCall.__table__.columns if c.name != "id"]
+_INSERT_MODEL_CALL = _raw_insert("model_calls", _MODEL_CALL_COLUMNS)
+_INSERT_TOOL_CALL = _raw_insert("tool_calls", _TOOL_CALL_COLUMNS)
+
+
+def _driver_ready(rows: Sequence[dict[str, Any]], json_columns: Sequence[str]) -> list[dict]:
+    out = []
+    for row in rows:
+        row = dict(row)
+        for column in json_columns:
+            value = row.get(column)
+            if value is not None and not isinstance(value, str):
+                row[column] = json.dumps(value)
+        out.append(row)
+    return out
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -179,6 +206,35 @@ class Store:
                 run_id=run_id, task_instance_id=task_instance_id, size=size, status="open",
                 dispatch_version=dispatch_version, created_at=now())).inserted_primary_key[0]
 
+    def create_group_with_trajectories(self, run_id: str, **kw: Any) -> tuple[int, int, list[int]]:
+        """Task instance (get or create), a group and its `size` queued trajectories, in one
+        transaction; returns (task instance id, group id, trajectory ids by sample index)."""
+        with self.engine.begin() as c:
+            return self.create_group_in(c, run_id, **kw)
+
+    @staticmethod
+    def create_group_in(c: Connection, run_id: str, *, family: str, key: str, content_hash: str,
+                        difficulty: str, prompt: str, size: int,
+                        dispatch_version: int) -> tuple[int, int, list[int]]:
+        tasks, groups, trajectories = (s.TaskInstance.__table__, s.Group.__table__,
+                                       s.Trajectory.__table__)
+        stamp = now()
+        instance = c.execute(select(tasks.c.id).where(
+            (tasks.c.run_id == run_id) & (tasks.c.family == family) & (tasks.c.key == key))
+        ).scalar()
+        if instance is None:
+            instance = c.execute(insert(tasks).values(
+                run_id=run_id, family=family, key=key, content_hash=content_hash,
+                difficulty=difficulty, prompt=prompt)).inserted_primary_key[0]
+        group = c.execute(insert(groups).values(
+            run_id=run_id, task_instance_id=instance, size=size, status="open",
+            dispatch_version=dispatch_version, created_at=stamp)).inserted_primary_key[0]
+        ids = [c.execute(insert(trajectories).values(
+            run_id=run_id, group_id=group, task_instance_id=instance, sample_index=i,
+            attempt=0, status="queued", queued_at=stamp, dispatch_version=dispatch_version,
+            purpose="train")).inserted_primary_key[0] for i in range(size)]
+        return instance, group, ids
+
     def count_groups(self, run_id: str) -> int:
         return self.count(s.Group, run_id=run_id)
 
@@ -190,14 +246,19 @@ class Store:
             c.execute(update(s.Group.__table__).where(s.Group.id == group_id).values(**values))
 
     # ---------------------------------------------------------------- trajectories
-    def create_trajectory(self, run_id: str, *, group_id: int | None, task_instance_id: int | None,
-                          sample_index: int = 0, attempt: int = 0, dispatch_version: int = 0,
-                          status: str = "queued", purpose: str = "train") -> int:
+    def create_trajectory(self, run_id: str, **kw: Any) -> int:
         with self.engine.begin() as c:
-            return c.execute(insert(s.Trajectory.__table__).values(
-                run_id=run_id, group_id=group_id, task_instance_id=task_instance_id,
-                sample_index=sample_index, attempt=attempt, status=status, queued_at=now(),
-                dispatch_version=dispatch_version, purpose=purpose)).inserted_primary_key[0]
+            return self.create_trajectory_in(c, run_id, **kw)
+
+    @staticmethod
+    def create_trajectory_in(c: Connection, run_id: str, *, group_id: int | None,
+                             task_instance_id: int | None, sample_index: int = 0,
+                             attempt: int = 0, dispatch_version: int = 0,
+                             status: str = "queued", purpose: str = "train") -> int:
+        return c.execute(insert(s.Trajectory.__table__).values(
+            run_id=run_id, group_id=group_id, task_instance_id=task_instance_id,
+            sample_index=sample_index, attempt=attempt, status=status, queued_at=now(),
+            dispatch_version=dispatch_version, purpose=purpose)).inserted_primary_key[0]
 
     def update_trajectory(self, trajectory_id: int, **values: Any) -> None:
         with self.engine.begin() as c:
@@ -216,27 +277,33 @@ class Store:
 
     # ---------------------------------------------------------------- model and tool calls
     def insert_model_calls(self, rows: Sequence[dict[str, Any]]) -> None:
-        if rows:
-            with self.engine.begin() as c:
-                c.execute(insert(s.ModelCall.__table__), list(rows))
+        self.write_batch(model_calls=rows)
 
     def insert_tool_calls(self, rows: Sequence[dict[str, Any]]) -> None:
-        if rows:
-            with self.engine.begin() as c:
-                c.execute(insert(s.ToolCall.__table__), list(rows))
+        self.write_batch(tool_calls=rows)
 
     def write_batch(self, *, model_calls: Sequence[dict[str, Any]] = (),
                     tool_calls: Sequence[dict[str, Any]] = (),
-                    trajectory_updates: Iterable[tuple[int, dict[str, Any]]] = ()) -> None:
-        """Model calls, tool calls and trajectory updates in one transaction."""
+                    trajectory_updates: Iterable[tuple[int, dict[str, Any]]] = (),
+                    then: Sequence[Callable[[Connection], Any]] = ()) -> list[Any]:
+        """Model calls, tool calls, trajectory updates, then the `then` callables (in order), all
+        in one transaction; returns the callables' results. Model-call and tool-call rows (from
+        `model_call_row` and the recorder) take the raw insert path."""
         with self.engine.begin() as c:
-            if model_calls:
-                c.execute(insert(s.ModelCall.__table__), list(model_calls))
-            if tool_calls:
-                c.execute(insert(s.ToolCall.__table__), list(tool_calls))
-            for trajectory_id, values in trajectory_updates:
-                c.execute(update(s.Trajectory.__table__)
-                          .where(s.Trajectory.id == trajectory_id).values(**values))
+            self._write_rows(c, model_calls, tool_calls, trajectory_updates)
+            return [work(c) for work in then]
+
+    @staticmethod
+    def _write_rows(c: Connection, model_calls: Sequence[dict[str, Any]],
+                    tool_calls: Sequence[dict[str, Any]],
+                    trajectory_updates: Iterable[tuple[int, dict[str, Any]]]) -> None:
+        if model_calls:
+            c.execute(_INSERT_MODEL_CALL, _driver_ready(model_calls, ("sampling",)))
+        if tool_calls:
+            c.execute(_INSERT_TOOL_CALL, _driver_ready(tool_calls, ()))
+        for trajectory_id, values in trajectory_updates:
+            c.execute(update(s.Trajectory.__table__)
+                      .where(s.Trajectory.id == trajectory_id).values(**values))
 
     def model_calls(self, trajectory_id: int) -> list[StoredModelCall]:
         table = s.ModelCall.__table__
@@ -311,34 +378,46 @@ class Store:
                            learner_version=learner_version)[0]
 
     def decide(self, run_id: str, decisions: Sequence[dict[str, Any]], *,
-               learner_version: int) -> list[int]:
+               learner_version: int, group_id: int | None = None,
+               group_status: str | None = None) -> list[int]:
         """Store a batch of decisions (e.g. a whole group's) in one transaction.
 
         Each item: trajectory_id, group_id, action (admit|mask|drop|requeue), reason, lag,
         reward, details. `admit` and `mask` items also enter the learner stream (masked ones
         for group statistics only) with contiguous sequence numbers, returned in order.
+        `group_status`, when given, closes the group in the same transaction.
         """
+        with self.engine.begin() as c:
+            return self.decide_in(c, run_id, decisions, learner_version=learner_version,
+                                  group_id=group_id, group_status=group_status)
+
+    @staticmethod
+    def decide_in(c: Connection, run_id: str, decisions: Sequence[dict[str, Any]], *,
+                  learner_version: int, group_id: int | None = None,
+                  group_status: str | None = None) -> list[int]:
+        stamp = now()
+        if group_status is not None and group_id is not None:
+            c.execute(update(s.Group.__table__).where(s.Group.id == group_id)
+                      .values(status=group_status, completed_at=stamp))
         if not decisions:
             return []
         streamed = [d for d in decisions if d["action"] in ("admit", "mask")]
         runs = s.Run.__table__
-        stamp = now()
-        with self.engine.begin() as c:
-            c.execute(insert(s.AdmissionDecision.__table__), [dict(
-                run_id=run_id, trajectory_id=d["trajectory_id"], group_id=d.get("group_id"),
-                decision=d["action"], reason=d["reason"], learner_version=learner_version,
-                lag=d.get("lag"), details=d.get("details"), created_at=stamp) for d in decisions])
-            if not streamed:
-                return []
-            head = c.execute(update(runs).where(runs.c.id == run_id)
-                             .values(stream_head=runs.c.stream_head + len(streamed))
-                             .returning(runs.c.stream_head)).scalar_one()
-            first = head - len(streamed) + 1
-            c.execute(insert(s.StreamEntry.__table__), [dict(
-                run_id=run_id, seq=first + i, trajectory_id=d["trajectory_id"],
-                group_id=d.get("group_id"), reward=float(d["reward"]),
-                loss_masked=d["action"] == "mask", admitted_at=stamp)
-                for i, d in enumerate(streamed)])
+        c.execute(insert(s.AdmissionDecision.__table__), [dict(
+            run_id=run_id, trajectory_id=d["trajectory_id"], group_id=d.get("group_id"),
+            decision=d["action"], reason=d["reason"], learner_version=learner_version,
+            lag=d.get("lag"), details=d.get("details"), created_at=stamp) for d in decisions])
+        if not streamed:
+            return []
+        head = c.execute(update(runs).where(runs.c.id == run_id)
+                         .values(stream_head=runs.c.stream_head + len(streamed))
+                         .returning(runs.c.stream_head)).scalar_one()
+        first = head - len(streamed) + 1
+        c.execute(insert(s.StreamEntry.__table__), [dict(
+            run_id=run_id, seq=first + i, trajectory_id=d["trajectory_id"],
+            group_id=d.get("group_id"), reward=float(d["reward"]),
+            loss_masked=d["action"] == "mask", admitted_at=stamp)
+            for i, d in enumerate(streamed)])
         return list(range(first, head + 1))
 
     def stream_after(self, run_id: str, after_seq: int, limit: int = 1000) -> list[Any]:

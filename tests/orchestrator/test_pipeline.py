@@ -23,13 +23,13 @@ from stalewise.store.store import Store
 from pipeline_fixtures import CHAT, coin_engine, coin_family, fake_sandbox
 
 
-def run_pipeline(url: str, overrides: dict, *, step_s: float = 0.0):
+def run_pipeline(url: str, overrides: dict, *, step_s: float = 0.0, latency=None):
     cfg = parse_config({"rollout": {"group_size": 2, "max_concurrent": 8},
                         "learner": {"batch_size": 4},
                         "pipeline": {"steps": 3}} | overrides)
     store = Store.open(url, create=True)
     store.create_run("r", name="t", config={}, pipeline_mode=cfg.pipeline.mode)
-    engine = coin_engine()
+    engine = coin_engine(latency)
     learner = FakeLearner(store, "r", batch_size=cfg.learner.batch_size,
                           publish_every=cfg.learner.publish_every,
                           max_steps=cfg.pipeline.steps, step_s=step_s)
@@ -74,8 +74,11 @@ def test_async_modes_feed_the_learner_exactly_once(sqlite_url, mode):
         sqlite_url, {"pipeline": {"mode": mode, "steps": 3},
                      "admission": {"max_lag": 1, "stale": "drop"}})
     stream, trajectories = check_stream(store, learner)
-    expected = "inflight" if mode == "inflight" else "drain"
-    assert weights.updates and {u[1] for u in weights.updates} == {expected}
+    assert weights.updates and {u[1] for u in weights.updates} == {
+        "inflight" if mode == "inflight" else "pin"}
+    if mode == "async":  # pinned: every token of a trajectory from the version it started on
+        assert all(t.min_version == t.max_version for t in trajectories.values()
+                   if t.min_version is not None)
     for decision in rows(store, s.AdmissionDecision):
         if decision.decision == "admit":
             assert decision.lag <= 1
@@ -97,7 +100,8 @@ def test_stream_mode_admits_members_without_their_group(sqlite_url):
     store, learner, _, _ = run_pipeline(
         sqlite_url, {"rollout": {"group_size": 4, "max_concurrent": 8},
                      "admission": {"group_completion": "stream", "min_group_size": 2},
-                     "pipeline": {"mode": "async", "steps": 2}})
+                     "pipeline": {"mode": "async", "steps": 2}},
+        latency=LatencyModel(fixed_s=0.02, jitter_sigma=1.0))  # members finish apart
     check_stream(store, learner, steps=2)
     stream = rows(store, s.StreamEntry)
     by_group: dict[int, set[float]] = {}
@@ -136,6 +140,11 @@ class FlakyEngine:
 
     async def release_session(self, session_id):
         await self.engine.release_session(session_id)
+
+    def pinned(self, version: int):
+        from orchestrator.scripted_engine import ScriptedPinned
+
+        return ScriptedPinned(self, version)
 
     async def health(self) -> bool:
         return not self.down

@@ -30,8 +30,10 @@ def test_pack_round_trip_is_exact(values):
     assert np.array_equal(unpack(pack(values, FLOAT32), FLOAT32), np.asarray(values, FLOAT32))
 
 
-def test_model_calls_round_trip(sqlite_url):
-    store = Store.open(sqlite_url, create=True)
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_model_calls_round_trip(backend, request):
+    url = request.getfixturevalue("sqlite_url" if backend == "sqlite" else "pg_url")
+    store = Store.open(url, create=True)
     store.create_run("r", name="r", config={}, pipeline_mode="sync")
     trajectory = store.create_trajectory("r", group_id=None, task_instance_id=None)
     rng = np.random.default_rng(0)

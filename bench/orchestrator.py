@@ -1,0 +1,138 @@
+"""Orchestrator throughput: agent turns per second with 1,000 trajectories in flight, one core.
+
+The real pipeline (scheduler, agent loops, admission, SQL recorder, batched store writer on
+SQLite, learner stream) drives the `longhaul` suite with latency-simulating fakes: the scripted
+engine replays each trajectory's demonstration after a fixed per-call latency, tools wait a
+lognormal time, the sandbox is in memory, and a fake learner consumes the stream instantly. The
+process is pinned to one CPU. Printed: agent turns per second (model calls completed and
+recorded), trajectories per second, CPU seconds per turn, and peak trajectories in flight.
+
+    .venv/bin/python bench/orchestrator.py [--concurrent 1000] [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this folder is first on sys.path, where bench/engine.py and bench/learner.py
+# would shadow the packages of the same names: drop it.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from contextlib import asynccontextmanager  # noqa: E402
+
+import anyio  # noqa: E402
+
+from orchestrator.pipeline import Pipeline  # noqa: E402
+from orchestrator.scripted_engine import LatencyModel, ScriptedEngine, ScriptedPinned  # noqa: E402
+from orchestrator.testing import DemoScript, FakeLearner  # noqa: E402
+from orchestrator.writer import StoreWriter  # noqa: E402
+from stalewise.config import parse_config  # noqa: E402
+from stalewise.store.store import Store  # noqa: E402
+from stalewise.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
+from tasks.chat import make_chat_format  # noqa: E402
+from tasks.suites import longhaul  # noqa: E402
+from tasks.testing import FakeSandbox  # noqa: E402
+
+
+class CountingEngine:
+    def __init__(self, engine: ScriptedEngine) -> None:
+        self.engine, self.calls = engine, 0
+
+    async def generate(self, request):
+        result = await self.engine.generate(request)
+        self.calls += 1
+        return result
+
+    async def release_session(self, session_id: str) -> None:
+        await self.engine.release_session(session_id)
+
+    def pinned(self, version: int) -> ScriptedPinned:
+        return ScriptedPinned(self, version)
+
+
+@asynccontextmanager
+async def memory_sandbox(spec, trajectory_id):
+    yield FakeSandbox()
+
+
+async def measure(args, directory: str) -> dict:
+    cfg = parse_config({
+        "rollout": {"group_size": 8, "max_concurrent": args.concurrent},
+        "admission": {"max_lag": 1000, "zero_variance": "keep"},
+        "learner": {"batch_size": 64},
+        "pipeline": {"mode": "async", "steps": 10**6, "max_queue": 10**6},
+    })
+    store = Store.open(f"sqlite:///{directory}/orchestrator.db", create=True)
+    store.create_run("bench", name="bench", config={}, pipeline_mode="async")
+    family = longhaul.family(min_k=4, max_k=20, latency_median_s=args.tool_s, latency_sigma=0.5,
+                             latency_max_s=10 * args.tool_s)
+    chat = make_chat_format(build_tiny_tokenizer(), "hermes", tool_listing="none")
+    engine = CountingEngine(ScriptedEngine(
+        DemoScript(lambda tid: pipeline.task_of(tid), family, chat, correct_fraction=0.5),
+        keep_requests=False,
+        latency=LatencyModel(fixed_s=args.engine_s, jitter_sigma=0.3)))
+    learner = FakeLearner(store, "bench", batch_size=64, poll_s=0.05)
+    writer = StoreWriter(store)
+    pipeline = Pipeline(run_id="bench", cfg=cfg, store=store, writer=writer, engine=engine,
+                        weights=None, family=family, chat_format=chat, acquire=memory_sandbox,
+                        poll_s=0.5)
+    peak = 0
+    window: dict[str, float] = {}
+
+    async def sample() -> None:
+        nonlocal peak
+        await anyio.sleep(args.warmup)
+        window.update(calls=engine.calls, finished=pipeline.stats.finished,
+                      wall=time.monotonic(), cpu=time.process_time())
+        end = time.monotonic() + args.seconds
+        while time.monotonic() < end:
+            peak = max(peak, pipeline.in_flight)
+            await anyio.sleep(0.1)
+        window.update(calls=engine.calls - window["calls"],
+                      finished=pipeline.stats.finished - window["finished"],
+                      wall=time.monotonic() - window["wall"],
+                      cpu=time.process_time() - window["cpu"])
+        tg.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(writer.run)
+        await tg.start(learner.run)
+        tg.start_soon(pipeline.run)
+        tg.start_soon(sample)
+    rows = writer.rows_written
+    store.close()
+    return dict(turns_per_s=window["calls"] / window["wall"],
+                trajectories_per_s=window["finished"] / window["wall"],
+                cpu_ms_per_turn=1000 * window["cpu"] / max(window["calls"], 1),
+                cpu_share=window["cpu"] / window["wall"], peak_in_flight=peak, rows=rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrent", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=20.0, help="measurement window")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds before measuring")
+    parser.add_argument("--engine-s", type=float, default=0.2, help="latency of a model call")
+    parser.add_argument("--tool-s", type=float, default=0.2, help="median latency of a tool call")
+    args = parser.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    with tempfile.TemporaryDirectory() as directory:
+        result = anyio.run(measure, args, directory)
+    print(f"orchestrator benchmark: {args.concurrent} trajectories in flight (peak "
+          f"{result['peak_in_flight']}), one core, model call {args.engine_s} s, tool median "
+          f"{args.tool_s} s")
+    print(f"  agent turns/s        {result['turns_per_s']:,.0f}   (target >= 2,000)")
+    print(f"  trajectories/s       {result['trajectories_per_s']:,.1f}")
+    print(f"  CPU ms per turn      {result['cpu_ms_per_turn']:.3f}")
+    print(f"  CPU busy             {100 * result['cpu_share']:.0f}% of one core")
+    print(f"  store rows written   {result['rows']:,}")
+
+
+if __name__ == "__main__":
+    main()

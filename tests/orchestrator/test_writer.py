@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import anyio
+import pytest
 import numpy as np
 
 from orchestrator.writer import StoreWriter
@@ -80,4 +81,29 @@ def test_backpressure_bounds_pending_rows(sqlite_url):
     assert peak <= 8
     assert len(store.model_calls(tid)) == 100
     assert np.array_equal(store.model_calls(tid)[99].tokens.token_ids, [99])
+    store.close()
+
+
+def test_transact_runs_after_earlier_rows_and_a_failure_keeps_them(sqlite_url):
+    from sqlalchemy import text
+
+    store, tid = _store(sqlite_url)
+
+    async def main():
+        writer = StoreWriter(store, max_delay_s=10.0)
+        async with anyio.create_task_group() as tg:
+            await tg.start(writer.run)
+            await writer.put_model_call(_row(tid, 0))
+            seen = await writer.transact(lambda c: c.execute(text(
+                "SELECT count(*) FROM model_calls WHERE trajectory_id = :t"), {"t": tid})
+                .scalar_one(), urgent=True)
+            assert seen == 1  # the row submitted before the work is visible to it
+            await writer.put_model_call(_row(tid, 1))
+            with pytest.raises(Exception, match="no such table"):
+                await writer.transact(lambda c: c.execute(text("SELECT * FROM missing")),
+                                      urgent=True)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert [c.turn for c in store.model_calls(tid)] == [0, 1]  # the failed work lost no rows
     store.close()

@@ -5,7 +5,7 @@ setup:
 
 # The main job: tiny model, SFT warm start, RL in inflight mode with real Docker sandboxes.
 demo: setup
-	.venv/bin/python scripts/demo.py configs/demo.toml
+	.venv/bin/stalewise run configs/demo.toml
 
 test: setup
 	bash scripts/ensure_postgres.sh

@@ -275,7 +275,25 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
         "report": str(run_dir / "report.md"), "db": store.url,
     }
     write_report(summary, ledger, run_dir)
-    print(json.dumps({k: summary[k] for k in ("run_id", "wall_s", "learner_steps", "evaluation",
-                                              "selection_skew", "report", "db")}, indent=2),
-          flush=True)
+    print_summary(summary, results, job)
     return summary
+
+
+def print_summary(summary: dict, results: list[EvalResult], job: JobConfig) -> None:
+    mode = job.pipeline.mode + (f"/{job.pipeline.kv}" if job.pipeline.mode == "inflight" else "")
+    skew = summary["selection_skew"]
+    lines = [f"stalewise run {summary['run_id']} finished in {summary['wall_s']:.0f} s "
+             f"({summary['learner_steps']} learner steps, {mode}, mean token lag "
+             f"{summary['mean_token_lag']})"]
+    by_label = {r.label: r for r in results}
+    if "before" in by_label and "after" in by_label:
+        before, after = by_label["before"], by_label["after"]
+        lines.append(f"  success rate on {after.instances} held-out {job.tasks.family} "
+                     f"instances: before RL {100 * before.success_rate:.1f}% -> after RL "
+                     f"{100 * after.success_rate:.1f}%")
+    lines += [f"  selection skew: difficulty TV {skew['difficulty_tv']:.3f}, duration TV "
+              f"{skew['duration_tv']:.3f}, excluded token share "
+              f"{skew['excluded_token_share']:.3f}",
+              f"  report:   {summary['report']}",
+              f"  database: {summary['db']}   (stalewise audit runs --url {summary['db']})"]
+    print("\n".join(lines), flush=True)

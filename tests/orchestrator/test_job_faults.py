@@ -1,6 +1,7 @@
 """`stalewise run` end to end, and its fault tolerance, with real processes, Docker and SQLite.
 
 - a short async job finishes: learner steps done, report written, no containers left;
+- a user's task family in one Python file runs when the config names its path;
 - SIGKILL of the orchestrator mid-run, then `--resume`: every trajectory stored once, none
   admitted twice, the learner's consumed sequence numbers contiguous, no orphans;
 - SIGKILL of the learner: it is restarted from its last checkpoint and the run finishes;
@@ -35,7 +36,8 @@ def model_dir(tmp_path_factory) -> Path:
     return init_tiny(tmp_path_factory.mktemp("model") / "tiny")
 
 
-def write_config(tmp_path: Path, model: Path, *, steps: int, mode: str = "async") -> Path:
+def write_config(tmp_path: Path, model: Path, *, steps: int, mode: str = "async",
+                 family: str = "arith", options: str = "{ max_ops = 1 }") -> Path:
     config = tmp_path / "job.toml"
     config.write_text(f"""
 [run]
@@ -51,8 +53,8 @@ chat_format = "hermes"
 tool_listing = "none"
 
 [tasks]
-family = "arith"
-options = {{ max_ops = 1 }}
+family = "{family}"
+options = {options}
 eval_instances = 0
 
 [rollout]
@@ -158,6 +160,23 @@ def test_short_job_finishes_and_cleans_up(tmp_path, model_dir):
     check_exactly_once(store, run.id, steps=2)
     assert (tmp_path / "runs" / run.id / "report.md").exists()
     wait_for(lambda: not containers_of(run.id), 15, "the run's containers to be removed")
+    store.close()
+
+
+def test_user_task_file_runs(tmp_path, model_dir):
+    """docs/tasks.md's example: a task family in one Python file, named by path in the config."""
+    example = ROOT / "examples" / "my_task.py"
+    proc = start(write_config(tmp_path, model_dir, steps=1, family=f"{example}:family",
+                              options="{ max_lines = 6 }"))
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    store = open_store(tmp_path)
+    run = store.runs()[0]
+    check_exactly_once(store, run.id, steps=1)
+    with store.engine.connect() as c:
+        families = set(c.execute(select(s.TaskInstance.family)
+                                 .where(s.TaskInstance.run_id == run.id)).scalars())
+    assert families == {"logcount"}
     store.close()
 
 

@@ -13,7 +13,6 @@ names are checked against the presets and custom estimators; this module imports
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from lab.estimator_spec import PRESET_NAMES, EstimatorSpec
 from lab.levels import MismatchKind, check_level
-from stalewise.config_errors import ConfigError, problems_of
+from stalewise.config_errors import ConfigError, problems_of, read_toml
 
 
 class _Section(BaseModel):
@@ -250,12 +249,5 @@ def parse_lab_config(data: dict[str, Any], source: str = "<lab config>") -> LabC
 
 
 def load_lab_config(path: str | Path) -> LabConfig:
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        problem = "file not found; pass the path of a lab TOML config such as configs/lab.toml"
-        raise ConfigError(str(path), [problem]) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(str(path), [f"not valid TOML: {exc}"]) from None
-    return parse_lab_config(data, str(path))
+    return parse_lab_config(read_toml(path, "a lab TOML config such as configs/lab.toml"),
+                            str(path))

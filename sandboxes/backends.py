@@ -73,9 +73,11 @@ def open_pool(spec: SandboxSpec | None = None, *, backend: Backend = "docker",
     if kind == "docker":
         from sandboxes.cleanup import remove_orphans_async
 
-        async def on_start() -> None:
+        async def remove_orphans() -> None:
             for removal in await remove_orphans_async(client, is_run_finished=is_run_finished):
                 log.info("removed orphan sandbox %s: %s", removal.name, removal.reason)
+
+        on_start = remove_orphans
 
     return SandboxPool(factory, size=size, max_live=max_live, reuse=reuse, on_start=on_start,
                        start_concurrency=start_concurrency)

@@ -17,17 +17,17 @@ from __future__ import annotations
 import re
 import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from sandboxes import labels as lab
-from sandboxes.api import ExecResult, SandboxError, SandboxSpec
+from sandboxes.api import SandboxError, SandboxSpec
 from sandboxes.attach import AttachTransport, open_attach
 from sandboxes.channel import AgentChannel, AgentGone, AgentRequestError
 from sandboxes.engine import connect, docker_host
 from sandboxes.hardening import container_config
-from sandboxes.session import AgentSession
+from sandboxes.session import AgentSession, SessionSandbox
 
 if TYPE_CHECKING:
     import docker
@@ -42,7 +42,7 @@ def container_name(run_id: str, trajectory_id: str | None) -> str:
     return f"sw-{middle}-{secrets.token_hex(3)}"
 
 
-class DockerSandbox:
+class DockerSandbox(SessionSandbox):
     """A `Sandbox` in a fresh hardened container. Use `async with` or `start()`/`close()`."""
 
     def __init__(self, spec: SandboxSpec | None = None, *,
@@ -172,30 +172,6 @@ class DockerSandbox:
             pass  # the container may be gone already; the name is a convenience, not a guarantee
 
     # ---- Sandbox operations ------------------------------------------------------------------
-    @property
-    def session(self) -> AgentSession:
-        if self._session is None:
-            raise SandboxError("sandbox not started: call `await sandbox.start()` or use "
-                               "`async with`")
-        return self._session
-
-    async def exec(self, cmd: str | list[str], *, timeout: float | None = None,
-                   stdin: bytes | None = None, env: Mapping[str, str] | None = None,
-                   workdir: str | None = None) -> ExecResult:
-        return await self.session.exec(cmd, timeout=timeout, stdin=stdin, env=env,
-                                       workdir=workdir)
-
-    async def read_file(self, path: str) -> bytes:
-        return await self.session.read_file(path)
-
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        await self.session.write_file(path, data)
-
-    async def put_dir(self, local_dir: str, dest: str) -> None:
-        await self.session.put_dir(local_dir, dest)
-
-    async def reset(self) -> None:
-        await self.session.reset()
 
 
 def _remove_quietly(client: "docker.DockerClient", container_id: str) -> None:

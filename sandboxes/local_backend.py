@@ -22,14 +22,13 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Mapping
 
 import anyio
 import anyio.abc
 
-from sandboxes.api import ExecResult, SandboxError, SandboxSpec
+from sandboxes.api import SandboxError, SandboxSpec
 from sandboxes.channel import AgentChannel, AgentGone
-from sandboxes.session import AgentSession
+from sandboxes.session import AgentSession, SessionSandbox
 
 log = logging.getLogger("stalewise.sandboxes")
 AGENT_PATH = Path(__file__).parent / "agent.py"
@@ -53,7 +52,7 @@ class ProcessTransport:
         await self._stdin.aclose()
 
 
-class LocalSandbox:
+class LocalSandbox(SessionSandbox):
     """A `Sandbox` as a local agent process in a temp directory (see the module docstring)."""
 
     def __init__(self, spec: SandboxSpec | None = None, *, root: str | None = None,
@@ -141,30 +140,6 @@ class LocalSandbox:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    @property
-    def session(self) -> AgentSession:
-        if self._session is None:
-            raise SandboxError("sandbox not started: call `await sandbox.start()` or use "
-                               "`async with`")
-        return self._session
-
-    async def exec(self, cmd: str | list[str], *, timeout: float | None = None,
-                   stdin: bytes | None = None, env: Mapping[str, str] | None = None,
-                   workdir: str | None = None) -> ExecResult:
-        return await self.session.exec(cmd, timeout=timeout, stdin=stdin, env=env,
-                                       workdir=workdir)
-
-    async def read_file(self, path: str) -> bytes:
-        return await self.session.read_file(path)
-
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        await self.session.write_file(path, data)
-
-    async def put_dir(self, local_dir: str, dest: str) -> None:
-        await self.session.put_dir(local_dir, dest)
-
-    async def reset(self) -> None:
-        await self.session.reset()
 
 
 __all__ = ["LocalSandbox", "AgentGone", "WARNING"]

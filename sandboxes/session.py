@@ -168,3 +168,35 @@ class AgentSession:
         self._check_alive()
         await self.channel.request("reset", paths=list(self.scratch_dirs))
         await self.put_files(self.spec.files)
+
+
+class SessionSandbox:
+    """The `Sandbox` operations of a backend whose sandbox talks to an agent over a session
+    (Docker and local backends share them); subclasses set `_session` when started."""
+
+    _session: AgentSession | None = None
+
+    @property
+    def session(self) -> AgentSession:
+        if self._session is None:
+            raise SandboxError("sandbox not started: call `await sandbox.start()` or use "
+                               "`async with`")
+        return self._session
+
+    async def exec(self, cmd: str | list[str], *, timeout: float | None = None,
+                   stdin: bytes | None = None, env: Mapping[str, str] | None = None,
+                   workdir: str | None = None) -> ExecResult:
+        return await self.session.exec(cmd, timeout=timeout, stdin=stdin, env=env,
+                                       workdir=workdir)
+
+    async def read_file(self, path: str) -> bytes:
+        return await self.session.read_file(path)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        await self.session.write_file(path, data)
+
+    async def put_dir(self, local_dir: str, dest: str) -> None:
+        await self.session.put_dir(local_dir, dest)
+
+    async def reset(self) -> None:
+        await self.session.reset()

@@ -8,14 +8,13 @@ what runs.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from learner.config import LearnerConfig
-from stalewise.config_errors import ConfigError, problems_of
+from stalewise.config_errors import ConfigError, problems_of, read_toml
 
 
 class Section(BaseModel):
@@ -150,11 +149,4 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> JobConfig:
 
 
 def load_config(path: str | Path) -> JobConfig:
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(str(path), ["file not found; pass the path of a TOML job config"]) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(str(path), [f"not valid TOML: {exc}"]) from None
-    return parse_config(data, str(path))
+    return parse_config(read_toml(path, "a TOML job config"), str(path))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import tomllib
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -68,3 +70,14 @@ def describe(error: dict[str, Any], model: type[BaseModel]) -> str:
 
 def problems_of(exc: ValidationError, model: type[BaseModel]) -> list[str]:
     return [describe(err, model) for err in exc.errors()]
+
+
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """The parsed file, or a ConfigError naming the file and what was expected (`what`)."""
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(str(path), [f"file not found; pass the path of {what}"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), [f"not valid TOML: {exc}"]) from None

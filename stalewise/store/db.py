@@ -81,26 +81,24 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(connection).get_current_revision()
 
 
-def upgrade(url: str, revision: str = "head") -> None:
+def _migrate(url: str, step, revision: str) -> None:
+    """Run an Alembic command on our own connection (so SQLite gets its pragmas and locking)."""
     engine = make_engine(url)
     try:
         with engine.begin() as connection:
             config = alembic_config(url)
             config.attributes["connection"] = connection
-            command.upgrade(config, revision)
+            step(config, revision)
     finally:
         engine.dispose()
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    _migrate(url, command.upgrade, revision)
 
 
 def downgrade(url: str, revision: str = "base") -> None:
-    engine = make_engine(url)
-    try:
-        with engine.begin() as connection:
-            config = alembic_config(url)
-            config.attributes["connection"] = connection
-            command.downgrade(config, revision)
-    finally:
-        engine.dispose()
+    _migrate(url, command.downgrade, revision)
 
 
 def check_schema(engine: Engine, url: str) -> None:

@@ -110,6 +110,16 @@ def learner_steps(tmp_path: Path) -> int:
         store.close()
 
 
+def running(tmp_path: Path) -> bool:
+    store = open_store(tmp_path)
+    try:
+        with store.engine.connect() as c:
+            return c.execute(select(s.Trajectory.id).where(s.Trajectory.status == "running")
+                             .limit(1)).first() is not None
+    finally:
+        store.close()
+
+
 def children_of(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
@@ -184,7 +194,8 @@ def test_sigkill_orchestrator_then_resume(tmp_path, model_dir):
     config = write_config(tmp_path, model_dir, steps=5)
     proc = start(config)
     try:
-        wait_for(lambda: learner_steps(tmp_path) >= 2, 240, "two learner steps")
+        wait_for(lambda: learner_steps(tmp_path) >= 2 and running(tmp_path), 240,
+                 "two learner steps with trajectories in flight")
         kids = children_of(proc.pid)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)

@@ -40,7 +40,7 @@ from orchestrator.writer import StoreWriter
 from sandboxes.api import Sandbox, SandboxSpec
 from stalewise.config import JobConfig
 from stalewise.engine_api import InferenceEngine, SamplingParams
-from stalewise.log import get_logger
+from stalewise.log import bind_trajectory, get_logger
 from stalewise.store.store import Store
 from tasks.api import TaskFamily, TaskInstance
 from tasks.chat.base import ChatFormat
@@ -312,15 +312,21 @@ class Pipeline:
                 engine = self.engine
                 if self.cfg.pipeline.mode == "async" and self.async_updates == "pin":
                     engine = PinOnFirstCall(self.engine, lambda: self.engine_version)
-                outcome = await run_trajectory(
-                    task=group.task, engine=engine,
-                    acquire_sandbox=lambda spec: self.acquire(spec, str(trajectory_id)),
-                    chat_format=self.chat_format, params=self.params, recorder=self.recorder,
-                    trajectory_id=str(trajectory_id), options=self.options)
+                with bind_trajectory(trajectory_id):  # log lines of this loop carry its id
+                    outcome = await run_trajectory(
+                        task=group.task, engine=engine,
+                        acquire_sandbox=lambda spec: self.acquire(spec, str(trajectory_id)),
+                        chat_format=self.chat_format, params=self.params, recorder=self.recorder,
+                        trajectory_id=str(trajectory_id), options=self.options)
             finally:
                 self.in_flight -= 1
         await self.writer.put_trajectory_update(trajectory_id, outcome_values(outcome))
         self.unfinished.pop(trajectory_id, None)
+        if outcome.status.value in ("failed", "infra_error"):
+            with bind_trajectory(trajectory_id):
+                log.warning("trajectory failed", status=outcome.status.value,
+                            stop_reason=outcome.stop_reason.value,
+                            error=(outcome.error or "")[:300])
         if outcome.stop_reason is StopReason.ENGINE_ERROR:
             await self._check_engine()
         self.stats.on_outcome(outcome)

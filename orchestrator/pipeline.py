@@ -145,6 +145,9 @@ class Pipeline:
         self.options = RolloutOptions(engine_timeout_s=cfg.engine.request_timeout_s)
         self.learner = LearnerView()
         self.stream_head = store.stream_head(run_id)
+        # stream_head plus the admissions submitted to the writer but not yet committed: the
+        # positions the next admitted trajectories will get, in submission order.
+        self.stream_reserved = self.stream_head
         self.stats = PipelineStats()
         self.in_flight = 0
         self.undecided = 0  # dispatched members whose decision is not stored yet
@@ -226,7 +229,7 @@ class Pipeline:
         """The policy version that will train the next admitted trajectory: the learner's,
         or later when admitted work is queued ahead of it. Lags are judged against this, so a
         trajectory admitted within `max_lag` is also trained within it."""
-        steps_ahead = self.stream_head // self._batch()
+        steps_ahead = self.stream_reserved // self._batch()
         return max(self.learner.version, steps_ahead // self.cfg.learner.publish_every)
 
     # ------------------------------------------------------------------ learner and weights
@@ -390,6 +393,7 @@ class Pipeline:
             status = "admitted" if group.admitted or any(d.streamed for d in decisions) \
                 else "dropped"
         version = self._training_version()
+        self.stream_reserved += sum(d.streamed for d in decisions)
         # Through the writer: the trajectories' calls are committed with (or before) their
         # stream entries, which is what the learner relies on when it reads them.
         with anyio.CancelScope(shield=True):  # stored and counted together, or neither

@@ -27,7 +27,7 @@ from contextlib import asynccontextmanager  # noqa: E402
 
 import anyio  # noqa: E402
 
-from orchestrator.pipeline import Pipeline  # noqa: E402
+from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency  # noqa: E402
 from orchestrator.scripted_engine import LatencyModel, ScriptedEngine, ScriptedPinned  # noqa: E402
 from orchestrator.testing import DemoScript, FakeLearner  # noqa: E402
 from orchestrator.writer import StoreWriter  # noqa: E402
@@ -120,6 +120,7 @@ def main() -> None:
     parser.add_argument("--engine-s", type=float, default=0.2, help="latency of a model call")
     parser.add_argument("--tool-s", type=float, default=0.2, help="median latency of a tool call")
     args = parser.parse_args()
+    tune_gc_for_concurrency()  # as `stalewise run` does
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     with tempfile.TemporaryDirectory() as directory:

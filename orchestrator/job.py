@@ -27,7 +27,7 @@ import anyio
 
 from orchestrator.engine_client import EngineClient
 from orchestrator.evaluate import EvalResult, evaluate
-from orchestrator.pipeline import Pipeline
+from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency
 from orchestrator.pools import PoolSet
 from orchestrator.processes import ChildProcess, Supervised, watch
 from orchestrator.progress import show_progress, snapshot
@@ -128,6 +128,7 @@ def describe_failure(exc: BaseException) -> str:
 
 def run_job(job: JobConfig, *, config_path: Path | None = None, resume: str | None = None) -> int:
     configure_logging(job.run.log_format)
+    tune_gc_for_concurrency()
     return anyio.run(_run_until_signalled, job, resume)
 
 

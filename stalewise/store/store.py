@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
-from sqlalchemy import Connection, Engine, func, insert, select, text, update
+from sqlalchemy import Connection, Engine, bindparam, func, insert, select, text, update
 
 from stalewise.records import FLOAT32, INT32, UINT8, SampledTokens, pack, unpack
 from stalewise.store import schema as s
@@ -229,11 +229,13 @@ class Store:
         group = c.execute(insert(groups).values(
             run_id=run_id, task_instance_id=instance, size=size, status="open",
             dispatch_version=dispatch_version, created_at=stamp)).inserted_primary_key[0]
-        ids = [c.execute(insert(trajectories).values(
-            run_id=run_id, group_id=group, task_instance_id=instance, sample_index=i,
-            attempt=0, status="queued", queued_at=stamp, dispatch_version=dispatch_version,
-            purpose="train")).inserted_primary_key[0] for i in range(size)]
-        return instance, group, ids
+        rows = [dict(run_id=run_id, group_id=group, task_instance_id=instance, sample_index=i,
+                     attempt=0, status="queued", queued_at=stamp,
+                     dispatch_version=dispatch_version, purpose="train") for i in range(size)]
+        ids = c.execute(insert(trajectories).returning(trajectories.c.id,
+                                                       sort_by_parameter_order=True),
+                        rows).scalars().all()
+        return instance, group, list(ids)
 
     def count_groups(self, run_id: str) -> int:
         return self.count(s.Group, run_id=run_id)
@@ -301,9 +303,18 @@ class Store:
             c.execute(_INSERT_MODEL_CALL, _driver_ready(model_calls, ("sampling",)))
         if tool_calls:
             c.execute(_INSERT_TOOL_CALL, _driver_ready(tool_calls, ()))
+        # One executemany per set of updated columns (updates to a trajectory keep their order:
+        # a later update of the same columns comes later in its group, and the outcome's
+        # columns are a superset of the status-only update).
+        by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         for trajectory_id, values in trajectory_updates:
-            c.execute(update(s.Trajectory.__table__)
-                      .where(s.Trajectory.id == trajectory_id).values(**values))
+            by_columns.setdefault(tuple(sorted(values)), []).append(
+                {"_id": trajectory_id, **values})
+        table = s.Trajectory.__table__
+        for columns, rows in sorted(by_columns.items(), key=lambda item: len(item[0])):
+            statement = (update(table).where(table.c.id == bindparam("_id"))
+                         .values({name: bindparam(name) for name in columns}))
+            c.execute(statement, rows)
 
     def model_calls(self, trajectory_id: int) -> list[StoredModelCall]:
         table = s.ModelCall.__table__

@@ -80,6 +80,9 @@ class PinOnFirstCall:
 
 
 MAX_ATTEMPTS = 3
+# Failures worth a log line: bugs in task code. The policy's own failures (malformed calls)
+# are ordinary data, counted in the store and the progress line.
+BUG_ERRORS = {"tool_exception", "verifier_exception", "verifier_timeout"}
 
 log = get_logger("stalewise.pipeline")
 
@@ -335,7 +338,7 @@ class Pipeline:
                 self.in_flight -= 1
         await self.writer.put_trajectory_update(trajectory_id, outcome_values(outcome))
         self.unfinished.pop(trajectory_id, None)
-        if outcome.status.value in ("failed", "infra_error"):
+        if outcome.status.value == "infra_error" or outcome.error_type in BUG_ERRORS:
             with bind_trajectory(trajectory_id):
                 log.warning("trajectory failed", status=outcome.status.value,
                             stop_reason=outcome.stop_reason.value,

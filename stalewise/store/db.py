@@ -15,7 +15,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 
 import migrations
@@ -113,10 +113,14 @@ def check_schema(engine: Engine, url: str) -> None:
 
 
 def open_store_engine(url: str = DEFAULT_URL, *, create: bool = False) -> Engine:
-    """An engine on a store at head; with `create`, migrate a new or old database first."""
-    if create:
-        upgrade(url)
+    """An engine on a store at head. With `create`, a new (empty) database gets the schema;
+    a database at an older revision is never migrated implicitly: StaleSchemaError says how."""
     engine = make_engine(url)
+    tables = set(inspect(engine).get_table_names()) - {"alembic_version"}
+    if create and current_revision(engine) is None and not tables:
+        engine.dispose()
+        upgrade(url)
+        engine = make_engine(url)
     try:
         check_schema(engine, url)
     except StaleSchemaError:

@@ -104,3 +104,11 @@ def test_app_refuses_stale_schema(sqlite_url):
     with pytest.raises(StaleSchemaError, match="has no stalewise schema"):
         open_store_engine(sqlite_url)
     open_store_engine(sqlite_url, create=True).dispose()
+
+
+def test_app_does_not_migrate_an_old_schema_implicitly(sqlite_url, monkeypatch):
+    """A database at an older revision is refused even by the creating path, with the fix."""
+    upgrade(sqlite_url)
+    monkeypatch.setattr("stalewise.store.db.head_revision", lambda: "9999_future")
+    with pytest.raises(StaleSchemaError, match="is at revision 0001.*stalewise db upgrade"):
+        open_store_engine(sqlite_url, create=True)

@@ -89,7 +89,7 @@ def run_mode(mode: str, kv: str, args, directory: Path) -> dict:
         return pipeline
 
     started = time.monotonic()
-    pipeline = anyio.run(main)
+    anyio.run(main)
     wall = time.monotonic() - started
     ledger, skew = store_ledger(store, run_id)
     steps = store.learner_steps(run_id)

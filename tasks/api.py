@@ -157,7 +157,8 @@ class TaskFamily:
 
     def demonstration(self, instance: TaskInstance, correct: bool = True) -> Demonstration:
         if self._demonstrate is None:
-            raise NotImplementedError(f"family {self.name} has no demonstration generator")
+            raise ValueError(f"family {self.name} has no demonstration generator; pass "
+                             f"demonstrate=... to TaskFamily to warm-start on it")
         return self._demonstrate(instance, correct)
 
     def demonstrations(self, count: int, *, wrong_fraction: float = 0.0, split: str = "train",

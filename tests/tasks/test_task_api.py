@@ -103,3 +103,14 @@ def test_a_demonstration_with_missing_observations_is_rejected():
                                         '</tool_call>'), DemoTurn("<answer>1</answer>")))
     with pytest.raises(ValueError, match="1 tool calls but 0 observations"):
         render_demonstration(bad, fmt)
+
+
+def test_demonstrations_of_a_family_without_a_generator_say_how_to_add_one():
+    from tasks import Component, Rubric, TaskFamily, TaskInstance
+
+    rubric = Rubric(Component("zero", lambda ctx: 0.0, 1.0))
+    family = TaskFamily("plain", lambda i, split: TaskInstance(prompt=f"q{i}", tools=(),
+                                                               verifier=rubric))
+    assert not family.has_demonstrations
+    with pytest.raises(ValueError, match="has no demonstration generator; pass demonstrate="):
+        family.demonstration(family.instance(0))

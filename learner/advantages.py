@@ -6,6 +6,8 @@ Guarantees:
 - `outcome_advantages`: a group of one member gets advantage exactly 0 under every estimator;
   GRPO's std is the unbiased (n - 1) group std; `dr_grpo` = (n - 1) / n * `rloo` for a group
   of size n.
+- `trajectory_advantages`: rows of one trajectory (template-forced segments) are one group
+  member and share its advantage.
 - `gae`: positions with mask 0 (tool output, prompt, padding) are skipped, not treated as
   steps: the TD error of a loss token bootstraps from the value of the next loss token of the
   same row, and the last loss token of a row is terminal. Advantages and returns are 0 at
@@ -90,6 +92,38 @@ def outcome_advantages(
         std_B = torch.sqrt(squares_G / (counts_G - 1).clamp(min=1))[index_B]
         advantages_B = (rewards_B - mean_B) / (std_B + eps)
     return torch.where(singleton_B, torch.zeros_like(advantages_B), advantages_B)
+
+
+def trajectory_advantages(
+    rewards_B: torch.Tensor,
+    group_ids_B: Sequence[object],
+    trajectory_ids_B: Sequence[object],
+    estimator: OutcomeEstimator | str,
+    eps: float = 1e-6,
+    peers: Sequence[tuple[object, float]] = (),
+) -> torch.Tensor:
+    """`outcome_advantages` where each trajectory is one group member, whatever its rows.
+
+    A trajectory whose chat template forced several training segments spans several rows
+    (same trajectory id, same reward); the group baseline counts it once and every one of its
+    rows gets its advantage. `peers` are (group_id, reward) of admitted members outside the
+    batch (streamed groups): they enter the baselines of groups present in the batch only.
+    """
+    first_row: dict[object, int] = {}
+    for row, trajectory in enumerate(trajectory_ids_B):
+        first_row.setdefault(trajectory, row)
+    member = {trajectory: i for i, trajectory in enumerate(first_row)}
+    rows = list(first_row.values())
+    in_batch = set(group_ids_B)
+    outside = [(g, r) for g, r in peers if g in in_batch]
+    rewards = torch.cat([
+        rewards_B[rows],
+        torch.tensor([r for _, r in outside], dtype=rewards_B.dtype, device=rewards_B.device),
+    ])
+    groups = [group_ids_B[row] for row in rows] + [g for g, _ in outside]
+    advantages = outcome_advantages(rewards, groups, estimator, eps)
+    member_of_row = torch.tensor([member[t] for t in trajectory_ids_B], device=rewards_B.device)
+    return advantages[member_of_row]
 
 
 def masked_whiten(

@@ -5,7 +5,8 @@ tokens rebuilt exactly from its stored model calls (the concatenation, per segme
 call's prompt delta and sampled tokens; loss mask 1 on sampled tokens only); a loss-masked
 admission becomes a one-token sample with no loss tokens, so it counts in its group's baseline
 and nowhere else. A trajectory whose chat template forced several segments yields one sample
-per segment, all in the trajectory's group.
+per segment, all in the trajectory's group; the trainer counts them as one group member
+(`learner.advantages.trajectory_advantages`).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ class PaddedBatch:
     weights_versions: torch.Tensor  # (B, T-1) long, shifted (-1 off the mask)
     rewards_B: torch.Tensor  # (B,) float32
     group_ids: tuple  # (B,) group ids
+    trajectory_ids: tuple  # (B,) trajectory ids (a multi-segment trajectory spans rows)
     topk_ids: torch.Tensor | None  # (B, T-1, K) long, shifted
     topk_logprobs: torch.Tensor | None  # (B, T-1, K) float32, shifted
 
@@ -51,6 +52,7 @@ class PaddedBatch:
             weights_versions=cut(self.weights_versions, True),
             rewards_B=self.rewards_B[start:stop],
             group_ids=self.group_ids[start:stop],
+            trajectory_ids=self.trajectory_ids[start:stop],
             topk_ids=cut(self.topk_ids, True),
             topk_logprobs=cut(self.topk_logprobs, True),
         )
@@ -102,6 +104,7 @@ def collate(
         weights_versions=as_t(versions[:, 1:]),
         rewards_B=torch.tensor([s.reward for s in samples], dtype=torch.float32, device=device),
         group_ids=tuple(s.group_id for s in samples),
+        trajectory_ids=tuple(s.trajectory_id for s in samples),
         topk_ids=as_t(topk_ids[:, 1:]) if K else None,
         topk_logprobs=as_t(topk_lp[:, 1:]) if K else None,
     )

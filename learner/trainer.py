@@ -29,7 +29,12 @@ from pathlib import Path
 
 import torch
 
-from learner.advantages import gae, outcome_advantages, overlong_penalty, zero_variance_groups
+from learner.advantages import (
+    gae,
+    overlong_penalty,
+    trajectory_advantages,
+    zero_variance_groups,
+)
 from learner.batch import SampleSource, TrainingSample, take_batch
 from learner.config import LearnerConfig
 from learner.losses import (
@@ -215,8 +220,11 @@ class Learner:
         """Rewards with the overlong penalty; drops zero-variance groups when configured."""
         a = self.cfg.advantage
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        if a.overlong is not None:
-            lengths = torch.tensor([s.num_loss_tokens for s in samples])
+        if a.overlong is not None:  # judged on the whole trajectory, all its segments
+            generated: dict[object, int] = {}
+            for s in samples:
+                generated[s.trajectory_id] = generated.get(s.trajectory_id, 0) + s.num_loss_tokens
+            lengths = torch.tensor([generated[s.trajectory_id] for s in samples])
             rewards = rewards + overlong_penalty(
                 lengths, a.overlong.max_len, a.overlong.cache_len, a.overlong.factor
             )
@@ -308,14 +316,9 @@ class Learner:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         a = self.cfg.advantage
         if a.estimator != "gae":
-            in_batch = set(batch.group_ids)
-            peers = [(g, r) for g, r in baseline_peers if g in in_batch]
-            rewards = torch.cat([rewards_B, torch.tensor([r for _, r in peers],
-                                                         dtype=rewards_B.dtype,
-                                                         device=rewards_B.device)])
-            groups = list(batch.group_ids) + [g for g, _ in peers]
-            advantages = outcome_advantages(rewards, groups, a.estimator, a.eps)
-            return advantages[: rewards_B.shape[0]], None
+            advantages = trajectory_advantages(rewards_B, batch.group_ids, batch.trajectory_ids,
+                                               a.estimator, a.eps, baseline_peers)
+            return advantages, None
         assert old_values is not None
         mask = batch.loss_mask
         token_rewards = torch.zeros_like(old_values)

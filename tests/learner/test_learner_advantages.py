@@ -11,6 +11,7 @@ from learner.advantages import (
     masked_whiten,
     outcome_advantages,
     overlong_penalty,
+    trajectory_advantages,
     zero_variance_groups,
 )
 
@@ -51,6 +52,27 @@ def test_dr_grpo_is_proportional_to_rloo_with_fixed_group_size():
     dr = outcome_advantages(rewards, groups, "dr_grpo")
     rloo = outcome_advantages(rewards, groups, "rloo")
     torch.testing.assert_close(dr, (n - 1) / n * rloo)
+
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo"])
+def test_a_multi_segment_trajectory_is_one_group_member(estimator):
+    # trajectory "t0" was split by its template into three rows; it must weigh as one member
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 1.0], dtype=DT)
+    groups = ["a", "a", "a", "a", "a", "b"]
+    trajectories = ["t0", "t0", "t0", "t1", "t2", "t3"]
+    got = trajectory_advantages(rewards, groups, trajectories, estimator)
+    once = outcome_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=DT),
+                              ["a", "a", "a", "b"], estimator)
+    torch.testing.assert_close(got, once[[0, 0, 0, 1, 2, 3]])
+    assert got[0] != outcome_advantages(rewards, groups, estimator)[0]  # counting rows differs
+
+
+def test_peers_outside_the_batch_enter_only_their_groups_baselines():
+    rewards = torch.tensor([1.0, 0.0], dtype=DT)
+    got = trajectory_advantages(rewards, ["a", "a"], ["t0", "t1"], "dr_grpo",
+                                peers=[("a", 1.0), ("a", 1.0), ("z", 5.0)])
+    torch.testing.assert_close(got, torch.tensor([1.0 - 0.75, 0.0 - 0.75], dtype=DT))
 
 
 def test_unknown_estimator_is_a_clear_error():

@@ -33,6 +33,7 @@ from typing import Awaitable, Callable, Protocol
 import anyio
 
 from orchestrator.admission import Decision, decide_group, decide_member
+from orchestrator.engine_client import VersionNotResidentError
 from orchestrator.groups import GroupState, member_outcome
 from orchestrator.recorder import SqlRecorder, outcome_values
 from orchestrator.rollout import RolloutOptions, run_trajectory
@@ -64,16 +65,42 @@ def tune_gc_for_concurrency() -> None:
 
 class PinOnFirstCall:
     """One trajectory's engine in `async` mode: its first request is pinned to the version the
-    engine serves at that moment, and every later request of the trajectory to the same one."""
+    engine serves at that moment, and every later request of the trajectory to the same one.
 
-    def __init__(self, engine, current_version: Callable[[], int]) -> None:
+    An update can free the version read here before the first request reaches the engine (the
+    engine has moved on; this pipeline hears of it when the update call returns). Nothing has
+    been sampled yet, so the first request waits for the newer version and is pinned to it;
+    a later request refused that way is an engine error, as the trajectory cannot move."""
+
+    def __init__(self, engine, current_version: Callable[[], int], *,
+                 repin_wait_s: float = 30.0, poll_s: float = 0.005) -> None:
         self.engine, self.current_version = engine, current_version
+        self.repin_wait_s, self.poll_s = repin_wait_s, poll_s
         self.view: InferenceEngine | None = None
 
     async def generate(self, request):
-        if self.view is None:
-            self.view = self.engine.pinned(self.current_version())
-        return await self.view.generate(request)
+        if self.view is not None:
+            return await self.view.generate(request)
+        version = self.current_version()
+        while True:
+            view = self.engine.pinned(version)
+            try:
+                result = await view.generate(request)
+            except VersionNotResidentError:
+                version = await self._newer_than(version)
+                continue
+            self.view = view
+            return result
+
+    async def _newer_than(self, version: int) -> int:
+        deadline = time.monotonic() + self.repin_wait_s
+        while (current := self.current_version()) <= version:
+            if time.monotonic() > deadline:
+                raise VersionNotResidentError(
+                    f"the engine no longer holds weights version {version} and the pipeline "
+                    f"heard of no newer one within {self.repin_wait_s:.0f}s")
+            await anyio.sleep(self.poll_s)
+        return current
 
     async def release_session(self, session_id: str) -> None:
         await (self.view or self.engine).release_session(session_id)

@@ -12,7 +12,8 @@ import anyio
 import pytest
 from sqlalchemy import select
 
-from orchestrator.pipeline import Pipeline
+from orchestrator.engine_client import VersionNotResidentError
+from orchestrator.pipeline import PinOnFirstCall, Pipeline
 from orchestrator.scripted_engine import LatencyModel
 from orchestrator.testing import FakeLearner, VersionedEngine
 from orchestrator.writer import StoreWriter
@@ -203,3 +204,48 @@ def test_engine_that_stays_down_fails_the_run_clearly(sqlite_url):
         (error,) = error.exceptions
     assert isinstance(error, EngineUnavailable)
     assert "did not come back within 1 s" in str(error)
+
+
+class _MovingEngine:
+    """Holds only `resident`; a pinned request to another version is refused (409)."""
+
+    def __init__(self, resident: int) -> None:
+        self.resident, self.served = resident, []
+
+    def pinned(self, version: int):
+        engine = self
+
+        class View:
+            async def generate(self, request):
+                if version != engine.resident:
+                    raise VersionNotResidentError(f"version {version} is not resident")
+                engine.served.append(version)
+                return version
+
+        return View()
+
+
+def test_a_first_request_that_lost_its_version_to_an_update_waits_for_the_newer_one():
+    engine = _MovingEngine(resident=1)  # the engine already serves 1 and freed 0
+    known = {"version": 0}  # ...but the pipeline has not heard of it yet
+
+    async def main():
+        trajectory = PinOnFirstCall(engine, lambda: known["version"], poll_s=0.001)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: trajectory.generate("first call"))
+            await anyio.sleep(0.02)
+            known["version"] = 1  # the update call returns
+        assert await trajectory.generate("second call") == 1
+        engine.resident = 2  # a later turn cannot move: the error reaches the agent loop
+        with pytest.raises(VersionNotResidentError):
+            await trajectory.generate("third call")
+
+    anyio.run(main)
+    assert engine.served == [1, 1]
+
+
+def test_a_version_that_never_comes_is_an_engine_error_not_a_hang():
+    engine = _MovingEngine(resident=5)
+    trajectory = PinOnFirstCall(engine, lambda: 0, repin_wait_s=0.05, poll_s=0.001)
+    with pytest.raises(VersionNotResidentError, match="no newer one within"):
+        anyio.run(trajectory.generate, "first call")

@@ -13,7 +13,8 @@ from typing import Literal, Mapping, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-ExecErrorType = Literal["timeout", "oom", "output_limit", "container_died", "exec_failed"]
+# Capped output is not an error: the command ran; `truncated` and the byte counts say so.
+ExecErrorType = Literal["timeout", "oom", "container_died", "exec_failed"]
 
 
 class SandboxError(Exception):

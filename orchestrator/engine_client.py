@@ -10,7 +10,7 @@ Backends, one client:
   field (ids, processed log-probs, weights and KV versions, time offsets, top-k) exactly as the
   engine recorded them; weight updates go to `/stalewise/update_weights`.
 - `backend="vllm"`: `/v1/completions` with a token-id prompt, `logprobs`,
-  `return_tokens_as_token_ids` and streaming. vLLM reports processed log-probs when started
+  `return_tokens_as_token_ids` and streaming (`orchestrator.vllm_stream`). vLLM reports processed log-probs when started
   with `--logprobs-mode processed_logprobs` (the launcher does). It does not report versions
   or times, so the client attributes them: a token's weights version is the version this client
   had published when the token arrived; its KV version is the version at the request's start,
@@ -52,14 +52,14 @@ import anyio
 import httpx
 import numpy as np
 
-from stalewise.engine_api import EngineError, GenerateRequest, GenerateResult, SamplingParams
+from orchestrator.vllm_stream import CompletionStream, completion_body
+from stalewise.engine_api import EngineError, GenerateRequest, GenerateResult
 from stalewise.records import FLOAT32, INT32, SampledTokens
 
 Backend = Literal["stalewise", "vllm"]
 UpdateMode = Literal["inflight", "drain", "pin"]
 KvPolicy = Literal["retain", "recompute"]
 PauseMode = Literal["keep", "wait", "abort"]
-VLLM_LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this in JSON
 GENERATE_PATH = "/stalewise/generate"
 VLLM_CANNOT_PIN = ("async version pinning needs the embedded engine (backend='stalewise'), which "
                    "keeps several weights versions resident; vLLM serves one version at a time. "
@@ -107,13 +107,6 @@ def _decode(data: str | None, dtype: np.dtype) -> np.ndarray:
     if data is None:
         raise EngineError("engine reply is missing an array field")
     return np.frombuffer(base64.b64decode(data), dtype=dtype)
-
-
-def _token_id(label: str) -> int:
-    if not label.startswith("token_id:"):
-        raise EngineError(f"vLLM returned token {label!r}; the client needs "
-                          f"return_tokens_as_token_ids (vLLM >= 0.6.4)")
-    return int(label.split(":", 1)[1])
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -324,22 +317,11 @@ class EngineClient:
                 raise EngineError(f"the {self._where('/v1/models')} lists no model") from exc
         return self._model
 
-    def _vllm_body(self, request: GenerateRequest, model: str) -> dict:
-        params: SamplingParams = request.params
-        return {"model": model, "prompt": [int(t) for t in request.prompt_token_ids],
-                "max_tokens": params.max_tokens, "min_tokens": params.min_tokens,
-                "temperature": params.temperature, "top_p": params.top_p,
-                "top_k": params.top_k if params.top_k > 0 else -1, "seed": params.seed,
-                "stop_token_ids": list(params.stop_token_ids), "ignore_eos": self.ignore_eos,
-                "logprobs": params.logprobs_topk, "return_tokens_as_token_ids": True,
-                "skip_special_tokens": False, "stream": True,
-                "stream_options": {"include_usage": True}}
-
     async def _generate_vllm(self, request: GenerateRequest) -> GenerateResult:
         path = "/v1/completions"
-        body = self._vllm_body(request, await self.model_name())
+        body = completion_body(request, await self.model_name(), self.ignore_eos)
         topk = request.params.logprobs_topk
-        acc = _VllmAccumulator(topk, self._version, len(self._update_log))
+        acc = CompletionStream(topk, self._version, len(self._update_log))
         attempt = 0
         while True:
             try:
@@ -358,7 +340,7 @@ class EngineClient:
                               cached_prompt_tokens=acc.cached_tokens,
                               engine_id=f"vllm@{self.base_url}")
 
-    async def _stream_vllm(self, path: str, body: dict, acc: _VllmAccumulator) -> None:
+    async def _stream_vllm(self, path: str, body: dict, acc: CompletionStream) -> None:
         try:
             async with self._http.stream("POST", path, json=body,
                                          timeout=self._timeout(self.timeouts.generate)) as response:
@@ -509,67 +491,3 @@ class PinnedEngine:
 
     async def release_session(self, session_id: str) -> None:
         await self.client.release_session(session_id)
-
-
-class _VllmAccumulator:
-    """Collects streamed completion chunks into per-token arrays with client-side provenance."""
-
-    def __init__(self, topk: int, start_version: int, log_start: int) -> None:
-        self.topk = topk
-        self.start_version = start_version
-        self.log_start = log_start
-        self.sent = time.monotonic()
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.weights: list[int] = []
-        self.kvs: list[int] = []
-        self.offsets: list[float] = []
-        self.topk_ids: list[list[int]] = []
-        self.topk_lps: list[list[float]] = []
-        self.finish_reason: Any = None
-        self.prompt_tokens = 0
-        self.cached_tokens = 0
-
-    def _kv_floor(self, update_log: list[tuple[int, KvPolicy]]) -> int:
-        floor = self.start_version
-        for version, policy in update_log[self.log_start:]:
-            if policy == "recompute":
-                floor = version
-        return floor
-
-    def add_chunk(self, chunk: dict, version: int, update_log: list[tuple[int, KvPolicy]]) -> None:
-        usage = chunk.get("usage")
-        if usage:
-            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            details = usage.get("prompt_tokens_details") or {}
-            self.cached_tokens = int(details.get("cached_tokens") or 0)
-        for choice in chunk.get("choices") or []:
-            block = choice.get("logprobs")
-            if block:
-                now = time.monotonic() - self.sent
-                kv = min(self._kv_floor(update_log), version)
-                tops = block.get("top_logprobs") or [None] * len(block["tokens"])
-                for label, logprob, top in zip(block["tokens"], block["token_logprobs"], tops):
-                    self.ids.append(_token_id(label))
-                    self.logprobs.append(float(logprob))
-                    self.weights.append(version)
-                    self.kvs.append(kv)
-                    self.offsets.append(now)
-                    if self.topk:
-                        self._add_top(top or {})
-            if choice.get("finish_reason") is not None:
-                self.finish_reason = choice["finish_reason"]
-
-    def _add_top(self, top: dict[str, float]) -> None:
-        pairs = sorted(((float(lp), _token_id(label)) for label, lp in top.items()),
-                       key=lambda p: -p[0])[: self.topk]
-        pairs += [(float("-inf"), -1)] * (self.topk - len(pairs))
-        self.topk_ids.append([i for _, i in pairs])
-        self.topk_lps.append([lp if lp > VLLM_LOGPROB_FLOOR else float("-inf") for lp, _ in pairs])
-
-    def record(self) -> SampledTokens:
-        extra = {}
-        if self.topk:
-            extra = dict(topk_ids=np.asarray(self.topk_ids, np.int32).reshape(-1, self.topk),
-                         topk_logprobs=np.asarray(self.topk_lps, np.float32).reshape(-1, self.topk))
-        return SampledTokens(self.ids, self.logprobs, self.weights, self.kvs, self.offsets, **extra)

@@ -1,0 +1,105 @@
+"""`vllm serve`'s streamed `/v1/completions`, read as stalewise per-token records.
+
+`completion_body` asks for exactly what the agent loop needs: a token-id prompt, the sampled
+tokens as ids (`return_tokens_as_token_ids`), their log-probs with an optional top-k, and the
+usage block (prompt and cached-prompt token counts). `CompletionStream` collects the chunks of
+one request. vLLM reports no versions or times, so they are attributed as the client sees them
+(the rules are in `orchestrator.engine_client`): a token's weights version is the client's
+version when the chunk arrived; its KV version is the version at the request's start, raised by
+every `recompute` update since; its time offset is its arrival time. No torch here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from stalewise.engine_api import EngineError, GenerateRequest
+from stalewise.records import SampledTokens
+
+VLLM_LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this in JSON
+
+
+def completion_body(request: GenerateRequest, model: str, ignore_eos: bool) -> dict:
+    params = request.params
+    return {"model": model, "prompt": [int(t) for t in request.prompt_token_ids],
+            "max_tokens": params.max_tokens, "min_tokens": params.min_tokens,
+            "temperature": params.temperature, "top_p": params.top_p,
+            "top_k": params.top_k if params.top_k > 0 else -1, "seed": params.seed,
+            "stop_token_ids": list(params.stop_token_ids), "ignore_eos": ignore_eos,
+            "logprobs": params.logprobs_topk, "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False, "stream": True,
+            "stream_options": {"include_usage": True}}
+
+
+def token_id(label: str) -> int:
+    if not label.startswith("token_id:"):
+        raise EngineError(f"vLLM returned token {label!r}; the client needs "
+                          f"return_tokens_as_token_ids (vLLM >= 0.6.4)")
+    return int(label.split(":", 1)[1])
+
+
+class CompletionStream:
+    """Collects streamed completion chunks into per-token arrays with client-side provenance."""
+
+    def __init__(self, topk: int, start_version: int, log_start: int) -> None:
+        self.topk = topk
+        self.start_version = start_version
+        self.log_start = log_start
+        self.sent = time.monotonic()
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.weights: list[int] = []
+        self.kvs: list[int] = []
+        self.offsets: list[float] = []
+        self.topk_ids: list[list[int]] = []
+        self.topk_lps: list[list[float]] = []
+        self.finish_reason: Any = None
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+
+    def _kv_floor(self, update_log: list[tuple[int, str]]) -> int:
+        floor = self.start_version
+        for version, policy in update_log[self.log_start:]:
+            if policy == "recompute":
+                floor = version
+        return floor
+
+    def add_chunk(self, chunk: dict, version: int, update_log: list[tuple[int, str]]) -> None:
+        usage = chunk.get("usage")
+        if usage:
+            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            details = usage.get("prompt_tokens_details") or {}
+            self.cached_tokens = int(details.get("cached_tokens") or 0)
+        for choice in chunk.get("choices") or []:
+            block = choice.get("logprobs")
+            if block:
+                now = time.monotonic() - self.sent
+                kv = min(self._kv_floor(update_log), version)
+                tops = block.get("top_logprobs") or [None] * len(block["tokens"])
+                for label, logprob, top in zip(block["tokens"], block["token_logprobs"], tops):
+                    self.ids.append(token_id(label))
+                    self.logprobs.append(float(logprob))
+                    self.weights.append(version)
+                    self.kvs.append(kv)
+                    self.offsets.append(now)
+                    if self.topk:
+                        self._add_top(top or {})
+            if choice.get("finish_reason") is not None:
+                self.finish_reason = choice["finish_reason"]
+
+    def _add_top(self, top: dict[str, float]) -> None:
+        pairs = sorted(((float(lp), token_id(label)) for label, lp in top.items()),
+                       key=lambda p: -p[0])[: self.topk]
+        pairs += [(float("-inf"), -1)] * (self.topk - len(pairs))
+        self.topk_ids.append([i for _, i in pairs])
+        self.topk_lps.append([lp if lp > VLLM_LOGPROB_FLOOR else float("-inf") for lp, _ in pairs])
+
+    def record(self) -> SampledTokens:
+        extra = {}
+        if self.topk:
+            extra = dict(topk_ids=np.asarray(self.topk_ids, np.int32).reshape(-1, self.topk),
+                         topk_logprobs=np.asarray(self.topk_lps, np.float32).reshape(-1, self.topk))
+        return SampledTokens(self.ids, self.logprobs, self.weights, self.kvs, self.offsets, **extra)

@@ -10,8 +10,9 @@ Backends, one client:
   field (ids, processed log-probs, weights and KV versions, time offsets, top-k) exactly as the
   engine recorded them; weight updates go to `/stalewise/update_weights`.
 - `backend="vllm"`: `/v1/completions` with a token-id prompt, `logprobs`,
-  `return_tokens_as_token_ids` and streaming (`orchestrator.vllm_stream`). vLLM reports processed log-probs when started
-  with `--logprobs-mode processed_logprobs` (the launcher does). It does not report versions
+  `return_tokens_as_token_ids` and streaming (parsed by `orchestrator.vllm_stream`). vLLM
+  reports processed log-probs when started with `--logprobs-mode processed_logprobs` (the
+  launcher does). It does not report versions
   or times, so the client attributes them: a token's weights version is the version this client
   had published when the token arrived; its KV version is the version at the request's start,
   raised to the new version by each `kv=recompute` or `drain` update during the request; its

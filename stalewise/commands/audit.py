@@ -40,10 +40,16 @@ def _when(stamp: float | None) -> str:
     return "-" if stamp is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
 
 
+def _console() -> Console:
+    """A terminal's own width; piped output is not cut to 80 columns (ids must stay whole)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=240)
+
+
 def _table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> Table:
     table = Table(title=title)
-    for column in columns:
-        table.add_column(column)
+    for column in columns:  # ids are copied into the next command: never cut or wrapped
+        table.add_column(column, no_wrap=column == "id")
     for row in rows:
         table.add_row(*[_fmt(row.get(c)) for c in columns])
     return table
@@ -62,7 +68,7 @@ def runs_command(url: str = URL, as_json: bool = JSON, limit: int = 50) -> None:
         return
     for row in rows:
         row["created"] = _when(row["created_at"])
-    Console().print(_table("runs", rows, ["id", "name", "status", "mode", "created",
+    _console().print(_table("runs", rows, ["id", "name", "status", "mode", "created",
                                           "trajectories", "admitted", "mean_reward"]))
 
 
@@ -82,7 +88,7 @@ def trajectories_command(run: str = typer.Option(..., "--run", help="run id"),
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    Console().print(_table(f"trajectories of {run}", rows,
+    _console().print(_table(f"trajectories of {run}", rows,
                            ["id", "task", "difficulty", "group", "sample", "status",
                             "stop_reason", "reward", "turns", "tokens", "versions", "lag",
                             "decision", "duration_s"]))
@@ -104,7 +110,7 @@ def show_command(trajectory_id: int, url: str = URL, as_json: bool = JSON,
     if as_json:
         typer.echo(json.dumps(detail, indent=2, default=str))
         return
-    console = Console()
+    console = _console()
     info = detail["trajectory"]
     console.print(f"[bold]trajectory {info['id']}[/] run {info['run_id']}  status "
                   f"{info['status']} ({info['stop_reason']})  reward {_fmt(info['reward'])}  "

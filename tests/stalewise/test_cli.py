@@ -80,6 +80,17 @@ def test_audit_commands(tmp_path):
     assert "sampler logprob" in table and "-0.2500" in table and "'<answer>'" in table
 
 
+
+def test_audit_tables_keep_run_ids_whole_when_piped(tmp_path):
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    store = Store.open(url, create=True)
+    run_id = "an-rl-job-with-a-long-name-20261129-113425-911f"
+    store.create_run(run_id, name="an-rl-job-with-a-long-name", config={}, pipeline_mode="async")
+    store.close()
+    table = _invoke("audit", "runs", "--url", url).output  # not a terminal: piped to a script
+    assert run_id in table
+
+
 def test_audit_show_unknown_trajectory(tmp_path):
     url = f"sqlite:///{tmp_path / 'a.db'}"
     Store.open(url, create=True).close()

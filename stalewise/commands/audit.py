@@ -77,13 +77,22 @@ def trajectories_command(run: str = typer.Option(..., "--run", help="run id"),
                          status: str | None = typer.Option(None, help="only this status"),
                          min_lag: int | None = typer.Option(None, help="admitted with lag >= N"),
                          reward_below: float | None = typer.Option(None, help="reward < X"),
+                         purpose: str | None = typer.Option(None, help="train or eval"),
+                         decision: str | None = typer.Option(
+                             None, help="admission decision: admit, drop, requeue or mask"),
                          limit: int = 200, url: str = URL, as_json: bool = JSON) -> None:
     """List a run's trajectories, with filters."""
     from stalewise.store import audit
 
+    for name, value, allowed in (("--purpose", purpose, ("train", "eval")),
+                                 ("--decision", decision, ("admit", "drop", "requeue", "mask"))):
+        if value is not None and value not in allowed:
+            typer.echo(f"error: {name} {value!r} is not one of {', '.join(allowed)}", err=True)
+            raise typer.Exit(2)
     store = _open(url)
     rows = audit.trajectories(store, run, status=status, min_lag=min_lag,
-                              reward_below=reward_below, limit=limit)
+                              reward_below=reward_below, purpose=purpose, decision=decision,
+                              limit=limit)
     store.close()
     if as_json:
         typer.echo(json.dumps(rows, indent=2))

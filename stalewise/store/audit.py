@@ -34,6 +34,7 @@ def runs(store: Store, limit: int = 50) -> list[dict[str, Any]]:
 
 def trajectories(store: Store, run_id: str, *, status: str | None = None,
                  min_lag: int | None = None, reward_below: float | None = None,
+                 purpose: str | None = None, decision: str | None = None,
                  limit: int = 200) -> list[dict[str, Any]]:
     t, d, ti = s.Trajectory.__table__, s.AdmissionDecision.__table__, s.TaskInstance.__table__
     lag = (select(d.c.trajectory_id, func.max(d.c.lag).label("lag"),
@@ -49,6 +50,10 @@ def trajectories(store: Store, run_id: str, *, status: str | None = None,
         query = query.where(lag.c.lag >= min_lag)
     if reward_below is not None:
         query = query.where(t.c.reward < reward_below)
+    if purpose is not None:
+        query = query.where(t.c.purpose == purpose)
+    if decision is not None:
+        query = query.where(lag.c.decision == decision)
     with store.engine.connect() as c:
         return [dict(id=r.id, task=r.key, purpose=r.purpose,
                      difficulty=r.difficulty, group=r.group_id, sample=r.sample_index,

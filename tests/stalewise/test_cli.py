@@ -69,6 +69,15 @@ def test_audit_commands(tmp_path):
                               "--min-lag", "2", "--json").output) == []
     assert json.loads(_invoke("audit", "trajectories", "--run", "r1", "--url", url,
                               "--reward-below", "0.5", "--json").output) == []
+    for flag, value, expected in (("--purpose", "train", [trajectory]), ("--purpose", "eval", []),
+                                  ("--decision", "admit", [trajectory]),
+                                  ("--decision", "drop", [])):
+        listed = json.loads(_invoke("audit", "trajectories", "--run", "r1", "--url", url,
+                                    flag, value, "--json").output)
+        assert [t["id"] for t in listed] == expected, (flag, value)
+    bad = runner.invoke(app, ["audit", "trajectories", "--run", "r1", "--url", url,
+                              "--decision", "admitted"])
+    assert bad.exit_code == 2 and "admit, drop, requeue, mask" in bad.output
 
     detail = json.loads(_invoke("audit", "show", str(trajectory), "--url", url, "--json").output)
     tokens = detail["turns"][0]["tokens"]

@@ -22,11 +22,9 @@ managers.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -34,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from stalewise.children import death_signal_hook
+from stalewise.children import child_env, death_signal_hook, python_command
 
 
 class LaunchError(RuntimeError):
@@ -138,23 +136,19 @@ class EngineProcess:
         workdir = Path(tempfile.mkdtemp(prefix="stalewise-engine-"))
         port_file = workdir / "port"
         log = Path(log_path) if log_path is not None else workdir / "engine.log"
-        command = [sys.executable, "-m", "engine", "serve", "--model", str(model_dir),
-                   "--host", host, "--port", str(port), "--port-file", str(port_file),
-                   "--initial-version", str(initial_version), "--max-batch", str(max_batch),
-                   "--session-cache-mb", str(session_cache_mb), "--seed", str(seed),
-                   "--threads", str(threads),
-                   "--max-resident-versions", str(max_resident_versions)]
+        command = python_command(
+            "-m", "engine", "serve", "--model", str(model_dir), "--host", host,
+            "--port", str(port), "--port-file", str(port_file),
+            "--initial-version", str(initial_version), "--max-batch", str(max_batch),
+            "--session-cache-mb", str(session_cache_mb), "--seed", str(seed),
+            "--threads", str(threads), "--max-resident-versions", str(max_resident_versions))
         if served_model_name:
             command += ["--served-model-name", served_model_name]
         if max_model_len:
             command += ["--max-model-len", str(max_model_len)]
-        root = str(Path(__file__).resolve().parent.parent)
-        child_env = {**os.environ, **(env or {})}
-        child_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (root, child_env.get("PYTHONPATH", "")) if p)
         with open(log, "ab") as log_file:
             process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, env=child_env, cwd=root,
+                                       stdin=subprocess.DEVNULL, env=child_env(env),
                                        preexec_fn=death_signal_hook())
         started = time.monotonic()
         try:
@@ -203,16 +197,13 @@ class VllmProcess(EngineProcess):
               env: dict[str, str] | None = None) -> VllmProcess:
         workdir = Path(tempfile.mkdtemp(prefix="stalewise-vllm-"))
         log = Path(log_path) if log_path is not None else workdir / "vllm.log"
-        root = str(Path(__file__).resolve().parent.parent)
-        child_env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
-        child_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (root, child_env.get("PYTHONPATH", "")) if p)
+        vllm_env = child_env({"VLLM_SERVER_DEV_MODE": "1", **(env or {})})
         command = cls.command(model_dir, host=host, port=port,
                               served_model_name=served_model_name, extra_args=extra_args)
         with open(log, "ab") as log_file:
             try:
                 process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, env=child_env,
+                                           stdin=subprocess.DEVNULL, env=vllm_env,
                                            preexec_fn=death_signal_hook())
             except FileNotFoundError as exc:
                 raise LaunchError("`vllm` is not on PATH; install it on a GPU machine with "

@@ -9,17 +9,13 @@ as a child exits on its own, which fails the job's task group and so stops every
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Callable
 
 import anyio
 
-from stalewise.children import death_signal_hook
-
-ROOT = Path(__file__).resolve().parent.parent
+from stalewise.children import child_env, death_signal_hook, python_command
 
 
 class ChildDied(RuntimeError):
@@ -34,14 +30,10 @@ class ChildProcess:
     def start(cls, name: str, argv: list[str], log_path: Path,
               env: dict[str, str] | None = None) -> "ChildProcess":
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        child_env = {**os.environ, **(env or {})}
-        child_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(ROOT), child_env.get("PYTHONPATH", "")) if p)
         with open(log_path, "ab") as log:
-            process = subprocess.Popen([sys.executable, *argv], stdout=log,
+            process = subprocess.Popen(python_command(*argv), stdout=log,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=child_env, cwd=str(ROOT),
-                                       preexec_fn=death_signal_hook())
+                                       env=child_env(env), preexec_fn=death_signal_hook())
         return cls(name, process, log_path)
 
     @property

@@ -1,9 +1,17 @@
-"""Child processes die with their parent: a pre-exec hook for `subprocess.Popen` (Linux)."""
+"""Python child processes of ours: how they are started, and that they die with their parent.
+
+`python_command` and `child_env` give every child the parent's working directory and this
+project on its import path; `death_signal_hook` is a pre-exec hook for `subprocess.Popen` (Linux).
+"""
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Callable
 
 
@@ -29,3 +37,21 @@ def death_signal_hook() -> Callable[[], None] | None:
         prctl(1, sigterm)  # PR_SET_PDEATHSIG
 
     return hook
+
+
+PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def python_command(*args: str) -> list[str]:
+    """`python -P ...` with this interpreter. A child runs in its parent's working directory, so
+    relative paths in a job config (model, database, run directory) mean the same thing in
+    both; `-P` keeps that directory off the child's import path, so a user's own `tasks/` or
+    `learner/` folder cannot shadow ours."""
+    return [sys.executable, "-P", *args]
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The parent's environment plus `extra`, with this project importable (PYTHONPATH)."""
+    env = {**os.environ, **(extra or {})}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH", "")) if p)
+    return env

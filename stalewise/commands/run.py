@@ -21,12 +21,25 @@ def load_or_exit(path: Path):
         raise typer.Exit(2) from None
 
 
+def check_family_or_exit(job, config: Path) -> None:
+    """Resolve `[tasks] family` now, so a bad reference fails before any run is created."""
+    from tasks.loading import TaskLoadError, load_family
+
+    try:
+        load_family(job.tasks.family, job.tasks.options)
+    except TaskLoadError as exc:
+        typer.echo(f"error: {config}: tasks.family: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 def run_command(config: Path = typer.Argument(..., help="job config (TOML)"),
-                dry_run: bool = typer.Option(False, "--dry-run",
-                                             help="validate and print the resolved config"),
+                dry_run: bool = typer.Option(
+                    False, "--dry-run",
+                    help="validate the config and its task family, print the resolved config"),
                 resume: str | None = typer.Option(None, "--resume", help="resume run RUN")) -> None:
     """Run an RL job described by CONFIG."""
     job = load_or_exit(config)
+    check_family_or_exit(job, config)
     if dry_run:
         typer.echo(json.dumps(job.model_dump(mode="json"), indent=2))
         typer.echo(f"{config}: config is valid", err=True)

@@ -118,6 +118,22 @@ def test_run_dry_run_prints_resolved_config(tmp_path):
     assert resolved["admission"]["max_lag"] == 2  # defaults are filled in
 
 
+
+def test_a_task_family_that_does_not_load_fails_before_any_run(tmp_path):
+    (tmp_path / "broken.py").write_text("def family(:\n")
+    db = tmp_path / "runs.db"
+    for family, says in (("missing.py:family", "does not exist"),
+                         ("broken.py:family", "SyntaxError")):
+        job = tmp_path / "job.toml"
+        job.write_text(f'[run]\ndb_url = "sqlite:///{db}"\n'
+                       f'[tasks]\nfamily = "{tmp_path / family}"\n')
+        for args in (["run", "--dry-run", str(job)], ["run", str(job)]):
+            result = runner.invoke(app, args)
+            assert result.exit_code == 2, result.output
+            assert "tasks.family:" in result.output and says in result.output
+    assert not db.exists()  # no run was created
+
+
 def test_bad_config_prints_one_line_per_problem(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text('[pipeline]\nmode = "fast"\n[rollout]\ntemprature = 0.7\n')

@@ -10,6 +10,7 @@ The learner resumes by itself from its last published version and sequence numbe
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 from sqlalchemy import update
@@ -20,13 +21,42 @@ from stalewise.store.store import Store
 REASON = "aborted: the orchestrator stopped before this finished (resumed run)"
 
 
-def recover_run(store: Store, run_id: str) -> dict[str, int]:
+class ResumeError(ValueError):
+    """The run cannot be resumed: it does not exist, it finished, or it is still running."""
+
+
+def _alive_here(pid: int | None) -> bool:
+    """Is `pid` a live (not zombie) process on this machine?"""
+    if not pid or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def check_resumable(store: Store, run_id: str) -> None:
+    """Raise `ResumeError`, saying what to do instead, unless `run_id` can be resumed here."""
     run = store.run(run_id)
     if run is None:
-        raise ValueError(f"no run {run_id!r} in {store.url}; list runs with: stalewise audit runs "
-                         f"--url {store.url}")
+        raise ResumeError(f"no run {run_id!r} in {store.url}; list runs with: stalewise audit "
+                          f"runs --url {store.url}")
     if run.status == "finished":
-        raise ValueError(f"run {run_id} already finished; start a new run instead")
+        raise ResumeError(f"run {run_id} already finished; start a new run instead")
+    if run.status == "running" and run.host == socket.gethostname() and _alive_here(run.pid):
+        raise ResumeError(f"run {run_id} is still running (pid {run.pid} on this machine); stop "
+                          f"it first (kill -TERM {run.pid}) or let it finish")
+
+
+def recover_run(store: Store, run_id: str) -> dict[str, int]:
+    check_resumable(store, run_id)
     stamp = time.time()
     t, g, sb = s.Trajectory.__table__, s.Group.__table__, s.SandboxRow.__table__
     with store.engine.begin() as c:
@@ -37,5 +67,5 @@ def recover_run(store: Store, run_id: str) -> dict[str, int]:
                            .values(status="aborted", completed_at=stamp)).rowcount
         c.execute(update(sb).where(sb.c.run_id == run_id, sb.c.status == "live")
                   .values(status="orphaned", released_at=stamp))
-    store.set_run_status(run_id, "running", pid=os.getpid())
+    store.set_run_status(run_id, "running", pid=os.getpid(), host=socket.gethostname())
     return {"aborted_trajectories": aborted, "aborted_groups": groups}

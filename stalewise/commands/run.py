@@ -32,6 +32,25 @@ def check_family_or_exit(job, config: Path) -> None:
         raise typer.Exit(2) from None
 
 
+def check_resumable_or_exit(job, run_id: str) -> None:
+    from orchestrator.resume import ResumeError, check_resumable
+    from stalewise.store.db import StaleSchemaError
+    from stalewise.store.store import Store
+
+    try:
+        store = Store.open(job.run.db_url)
+    except StaleSchemaError as exc:
+        typer.echo(f"error: --resume {run_id}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        check_resumable(store, run_id)
+    except ResumeError as exc:
+        typer.echo(f"error: --resume: {exc}", err=True)
+        raise typer.Exit(2) from None
+    finally:
+        store.close()
+
+
 def run_command(config: Path = typer.Argument(..., help="job config (TOML)"),
                 dry_run: bool = typer.Option(
                     False, "--dry-run",
@@ -40,6 +59,8 @@ def run_command(config: Path = typer.Argument(..., help="job config (TOML)"),
     """Run an RL job described by CONFIG."""
     job = load_or_exit(config)
     check_family_or_exit(job, config)
+    if resume is not None:
+        check_resumable_or_exit(job, resume)
     if dry_run:
         typer.echo(json.dumps(job.model_dump(mode="json"), indent=2))
         typer.echo(f"{config}: config is valid", err=True)

@@ -158,7 +158,8 @@ class Store:
                 host=socket.gethostname(), pid=os.getpid(), stream_head=0))
 
     def set_run_status(self, run_id: str, status: str, *, error: str | None = None,
-                       summary: dict[str, Any] | None = None, pid: int | None = None) -> None:
+                       summary: dict[str, Any] | None = None, pid: int | None = None,
+                       host: str | None = None) -> None:
         values: dict[str, Any] = {"status": status}
         if status in ("finished", "failed", "aborted"):
             values["finished_at"] = now()
@@ -168,6 +169,8 @@ class Store:
             values["summary"] = summary
         if pid is not None:
             values["pid"] = pid
+        if host is not None:
+            values["host"] = host
         with self.engine.begin() as c:
             c.execute(update(s.Run.__table__).where(s.Run.id == run_id).values(**values))
 

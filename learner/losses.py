@@ -321,6 +321,39 @@ def _reference_kl(trainer: torch.Tensor, reference: torch.Tensor, estimator: str
     raise ValueError(f"unknown kl_estimator '{estimator}'; use k1 or k3")
 
 
+def _policy_metrics(
+    cfg: PolicyLossConfig, loss: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
+    ratio: torch.Tensor, flags: dict[str, torch.Tensor], weights: torch.Tensor,
+    keep: torch.Tensor, floored: torch.Tensor, capped: torch.Tensor, trainer: torch.Tensor,
+    proximal: torch.Tensor, sampler: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """policy_loss's diagnostics (no gradient): clipping, masking, ratios, IS weights, KLs."""
+    dtype = trainer.dtype
+    units = mask
+    if cfg.correction_level == "sequence":
+        units = torch.zeros_like(mask)
+        units[:, 0] = mask.any(-1)
+    metrics = {
+        "loss/policy": loss.detach(),
+        "loss/tokens": mask.sum().to(torch.float64),
+        "loss/clip_frac_low": _masked_mean(flags.get("clip_low", ~mask).to(dtype), mask),
+        "loss/clip_frac_high": _masked_mean(flags.get("clip_high", ~mask).to(dtype), mask),
+        "loss/masked_frac": _masked_mean((~keep).to(dtype), mask),
+        "loss/is_truncated_frac": _masked_mean((capped | floored).to(dtype), mask),
+        "loss/ratio_mean": _masked_mean(ratio.detach(), mask),
+        "loss/ratio_max": torch.where(mask, ratio.detach(), torch.zeros_like(ratio)).amax()
+        if mask.numel()
+        else torch.zeros(()),
+        "loss/advantage_mean": _masked_mean(adv, mask),
+    }
+    if "dual_clip" in flags:
+        metrics["loss/dual_clip_frac"] = _masked_mean(flags["dual_clip"].to(dtype), mask)
+    metrics.update(_weight_metrics("loss/is_", weights, units))
+    metrics.update(_kl_metrics("loss/kl_sampler", trainer.detach() - sampler, mask))
+    metrics.update(_kl_metrics("loss/kl_proximal", trainer.detach() - proximal, mask))
+    return metrics
+
+
 def policy_loss(
     trainer_logprobs_B_T: torch.Tensor,
     proximal_logprobs_B_T: torch.Tensor,
@@ -374,42 +407,52 @@ def policy_loss(
     )
 
     with torch.no_grad():
-        units = mask
-        if cfg.correction_level == "sequence":
-            units = torch.zeros_like(mask)
-            units[:, 0] = mask.any(-1)
-        metrics.update(
-            {
-                "loss/policy": loss.detach(),
-                "loss/tokens": mask.sum().to(torch.float64),
-                "loss/clip_frac_low": _masked_mean(
-                    flags.get("clip_low", ~mask).to(trainer.dtype), mask
-                ),
-                "loss/clip_frac_high": _masked_mean(
-                    flags.get("clip_high", ~mask).to(trainer.dtype), mask
-                ),
-                "loss/masked_frac": _masked_mean((~keep).to(trainer.dtype), mask),
-                "loss/is_truncated_frac": _masked_mean((capped | floored).to(trainer.dtype), mask),
-                "loss/ratio_mean": _masked_mean(ratio.detach(), mask),
-                "loss/ratio_max": torch.where(mask, ratio.detach(), torch.zeros_like(ratio)).amax()
-                if mask.numel()
-                else torch.zeros(()),
-                "loss/advantage_mean": _masked_mean(adv, mask),
-            }
-        )
-        if "dual_clip" in flags:
-            metrics["loss/dual_clip_frac"] = _masked_mean(
-                flags["dual_clip"].to(trainer.dtype), mask
-            )
-        metrics.update(_weight_metrics("loss/is_", weights, units))
-        metrics.update(_kl_metrics("loss/kl_sampler", trainer.detach() - sampler, mask))
-        metrics.update(_kl_metrics("loss/kl_proximal", trainer.detach() - proximal, mask))
+        metrics.update(_policy_metrics(cfg, loss, mask, adv, ratio, flags, weights, keep,
+                                       floored, capped, trainer, proximal, sampler))
         if entropy_B_T is not None:
             metrics["loss/entropy"] = _masked_mean(entropy_B_T.detach().to(trainer.dtype), mask)
     return LossOutput(loss=loss, per_token=per_token, metrics=_floats(metrics))
 
 
 # ----------------------------------------------------------------------------- score centering
+
+
+def _check_centering_shapes(
+    logits_B_T_V: torch.Tensor, sampled_ids_B_T: torch.Tensor, sampler_logprobs_B_T: torch.Tensor,
+    topk_ids_B_T_K: torch.Tensor, topk_logprobs_B_T_K: torch.Tensor, mask_B_T: torch.Tensor,
+) -> torch.Size:
+    shape = _check_shapes(
+        sampled_ids=sampled_ids_B_T, sampler_logprobs=sampler_logprobs_B_T, mask=mask_B_T
+    )
+    if logits_B_T_V.shape[:2] != shape:
+        raise ValueError(
+            f"score_centering_loss: logits {tuple(logits_B_T_V.shape)} do not "
+            f"start with the (B, T) = {tuple(shape)} of sampled_ids"
+        )
+    if topk_ids_B_T_K.shape != topk_logprobs_B_T_K.shape or topk_ids_B_T_K.shape[:2] != shape:
+        raise ValueError(
+            f"score_centering_loss: sampler top-k ids "
+            f"{tuple(topk_ids_B_T_K.shape)} and log-probs "
+            f"{tuple(topk_logprobs_B_T_K.shape)} must both be (B, T, K) with "
+            f"(B, T) = {tuple(shape)}; record top-k with SamplingParams.logprobs_topk"
+        )
+    return shape
+
+
+def _centering_coefficients(
+    head_logp: torch.Tensor, sampler_head_logp: torch.Tensor, valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mu on the head, pi's head mass, c_v = mu(v) - (m_mu / m_pi) * pi(v)); all detached."""
+    zero = torch.zeros((), dtype=head_logp.dtype, device=head_logp.device)
+    mu_head = torch.where(valid, torch.exp(sampler_head_logp), zero)
+    head_logp = torch.where(valid, head_logp, torch.full_like(head_logp, -torch.inf))
+    log_head_mass_pi = torch.logsumexp(head_logp, -1)
+    tail_mu = (1.0 - mu_head.sum(-1)).clamp(min=0.0)
+    tail_pi = (-torch.expm1(log_head_mass_pi.clamp(max=0.0))).clamp(min=TAIL_MASS_FLOOR)
+    pi_head = torch.exp(head_logp)
+    coef = torch.where(valid, mu_head - (tail_mu / tail_pi)[..., None] * pi_head,
+                       torch.zeros_like(mu_head))
+    return mu_head, torch.exp(log_head_mass_pi), coef
 
 
 def score_centering_loss(
@@ -441,24 +484,8 @@ def score_centering_loss(
     Gradient flows through the logits only. Pass the trainer's `trainer_logsumexp_B_T` to
     reuse it; m_pi is floored at 1e-6 (float32 cannot resolve smaller tail masses).
     """
-    shape = _check_shapes(
-        sampled_ids=sampled_ids_B_T, sampler_logprobs=sampler_logprobs_B_T, mask=mask_B_T
-    )
-    if trainer_logits_B_T_V.shape[:2] != shape:
-        raise ValueError(
-            f"score_centering_loss: logits {tuple(trainer_logits_B_T_V.shape)} do not "
-            f"start with the (B, T) = {tuple(shape)} of sampled_ids"
-        )
-    if (
-        sampler_topk_ids_B_T_K.shape != sampler_topk_logprobs_B_T_K.shape
-        or sampler_topk_ids_B_T_K.shape[:2] != shape
-    ):
-        raise ValueError(
-            f"score_centering_loss: sampler top-k ids "
-            f"{tuple(sampler_topk_ids_B_T_K.shape)} and log-probs "
-            f"{tuple(sampler_topk_logprobs_B_T_K.shape)} must both be (B, T, K) with "
-            f"(B, T) = {tuple(shape)}; record top-k with SamplingParams.logprobs_topk"
-        )
+    shape = _check_centering_shapes(trainer_logits_B_T_V, sampled_ids_B_T, sampler_logprobs_B_T,
+                                    sampler_topk_ids_B_T_K, sampler_topk_logprobs_B_T_K, mask_B_T)
     mask = mask_B_T.to(torch.bool)
     logits = trainer_logits_B_T_V
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
@@ -472,23 +499,8 @@ def score_centering_loss(
 
     with torch.no_grad():
         valid = torch.isfinite(sampler_topk_logprobs_B_T_K) & mask[..., None]
-        mu_head = torch.where(
-            valid,
-            torch.exp(sampler_topk_logprobs_B_T_K.to(dtype)),
-            torch.zeros((), dtype=dtype, device=logits.device),
-        )
-        head_logp_sg = torch.where(
-            valid, head_logp.detach(), torch.full_like(head_logp, -torch.inf)
-        )
-        head_mass_pi = torch.exp(torch.logsumexp(head_logp_sg, -1))
-        tail_mu = (1.0 - mu_head.sum(-1)).clamp(min=0.0)
-        tail_pi = (-torch.expm1(torch.logsumexp(head_logp_sg, -1).clamp(max=0.0))).clamp(
-            min=TAIL_MASS_FLOOR
-        )
-        pi_head = torch.exp(head_logp_sg)
-        coef = torch.where(
-            valid, mu_head - (tail_mu / tail_pi)[..., None] * pi_head, torch.zeros_like(mu_head)
-        )
+        mu_head, pi_head_mass, coef = _centering_coefficients(
+            head_logp.detach(), sampler_topk_logprobs_B_T_K.to(dtype), valid)
         sampled_logp = (
             logits.detach().gather(-1, sampled_ids_B_T.long()[..., None]).squeeze(-1).to(dtype)
             - lse.detach()
@@ -511,7 +523,7 @@ def score_centering_loss(
             "score_centering/clip_frac_high": _masked_mean(capped.to(dtype), mask),
             "score_centering/masked_frac": _masked_mean((~keep).to(dtype), mask),
             "score_centering/head_mass_sampler": _masked_mean(mu_head.sum(-1), mask),
-            "score_centering/head_mass_trainer": _masked_mean(head_mass_pi, mask),
+            "score_centering/head_mass_trainer": _masked_mean(pi_head_mass, mask),
         }
         metrics.update(_weight_metrics("score_centering/", weights, mask))
         metrics.update(_kl_metrics("score_centering/kl_sampler", log_rho, mask))

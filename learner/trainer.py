@@ -166,26 +166,8 @@ class Learner:
                                                baseline_peers)
 
         t0 = time.perf_counter()
-        mini = self.cfg.mini_batch_size or batch.size
-        totals = _MetricMean()
-        step_losses: list[dict[str, float]] = []
-        grad_norms: list[float] = []
-        for epoch in range(self.cfg.epochs):
-            for start in range(0, batch.size, mini):
-                rows = slice(start, min(start + mini, batch.size))
-                losses, grad_norm = self._optimizer_step(
-                    batch,
-                    rows,
-                    proximal,
-                    reference,
-                    old_values,
-                    advantages,
-                    returns,
-                    totals,
-                    first_update=epoch == 0 and start == 0,
-                )
-                step_losses.append(losses)
-                grad_norms.append(grad_norm)
+        totals, step_losses, grad_norms = self._update_epochs(
+            batch, proximal, reference, old_values, advantages, returns)
         t_update = time.perf_counter() - t0
 
         metrics = {
@@ -213,6 +195,26 @@ class Learner:
             started_at=started,
         )
         return self._finish(report, consumed, updated=True)
+
+    def _update_epochs(
+        self, batch: PaddedBatch, proximal: torch.Tensor, reference: torch.Tensor | None,
+        old_values: torch.Tensor | None, advantages: torch.Tensor, returns: torch.Tensor | None,
+    ) -> tuple[_MetricMean, list[dict[str, float]], list[float]]:
+        """`epochs` passes over the batch, one optimizer step per mini-batch."""
+        mini = self.cfg.mini_batch_size or batch.size
+        totals = _MetricMean()
+        step_losses: list[dict[str, float]] = []
+        grad_norms: list[float] = []
+        for epoch in range(self.cfg.epochs):
+            for start in range(0, batch.size, mini):
+                rows = slice(start, min(start + mini, batch.size))
+                losses, grad_norm = self._optimizer_step(
+                    batch, rows, proximal, reference, old_values, advantages, returns, totals,
+                    first_update=epoch == 0 and start == 0,
+                )
+                step_losses.append(losses)
+                grad_norms.append(grad_norm)
+        return totals, step_losses, grad_norms
 
     def _rewards(
         self, samples: list[TrainingSample]

@@ -1,6 +1,7 @@
 """`stalewise run` end to end, and its fault tolerance, with real processes, Docker and SQLite.
 
-- a short async job finishes: learner steps done, report written, no containers left;
+- a short async job finishes, on SQLite and on PostgreSQL: learner steps done, report
+  written, no containers left;
 - a user's task family in one Python file runs when the config names its path;
 - SIGKILL of the orchestrator mid-run, then `--resume`: every trajectory stored once, none
   admitted twice, the learner's consumed sequence numbers contiguous, no orphans;
@@ -37,12 +38,13 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def write_config(tmp_path: Path, model: Path, *, steps: int, mode: str = "async",
-                 family: str = "arith", options: str = "{ max_ops = 1 }") -> Path:
+                 family: str = "arith", options: str = "{ max_ops = 1 }",
+                 db_url: str | None = None) -> Path:
     config = tmp_path / "job.toml"
     config.write_text(f"""
 [run]
 name = "fault"
-db_url = "sqlite:///{tmp_path}/store.db"
+db_url = "{db_url or f'sqlite:///{tmp_path}/store.db'}"
 output_dir = "{tmp_path}/runs"
 progress_every_s = 2.0
 
@@ -160,11 +162,13 @@ def check_exactly_once(store: Store, run_id: str, steps: int) -> None:
         assert after.first_seq == before.last_seq + 1, "gap or repeat in consumed sequences"
 
 
-def test_short_job_finishes_and_cleans_up(tmp_path, model_dir):
-    proc = start(write_config(tmp_path, model_dir, steps=2))
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_short_job_finishes_and_cleans_up(tmp_path, model_dir, database, request):
+    db_url = request.getfixturevalue("pg_url") if database == "postgresql" else None
+    proc = start(write_config(tmp_path, model_dir, steps=2, db_url=db_url))
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output
-    store = open_store(tmp_path)
+    store = Store.open(db_url) if db_url else open_store(tmp_path)
     run = store.runs()[0]
     assert run.status == "finished" and run.summary["learner_steps"] == 2
     check_exactly_once(store, run.id, steps=2)

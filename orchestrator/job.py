@@ -36,6 +36,7 @@ from orchestrator.resume import recover_run
 from orchestrator.writer import StoreWriter
 from stalewise.config import JobConfig
 from stalewise.log import bind_run, configure_logging, get_logger
+from stalewise.store import audit
 from stalewise.store.store import Store
 from tasks.chat import make_chat_format
 from tasks.loading import load_family
@@ -275,7 +276,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                                 f" over {r.instances} (version {r.version})" for r in results},
         "report": str(run_dir / "report.md"), "db": store.url,
     }
-    write_report(summary, ledger, run_dir)
+    write_report(summary, ledger, run_dir, curve=audit.learner_steps(store, run_id))
     print_summary(summary, results, job)
     return summary
 

@@ -1,4 +1,4 @@
-"""The run summary: throughput, learning, admission and the bias ledger, stored and printed.
+"""The run summary: throughput, the learning curve, admission and the bias ledger.
 
 `build_ledger_from_store` reads every finished training trajectory of a run with its final
 admission decision, computes the ledger (`orchestrator.ledger`) and stores its rows; the
@@ -50,10 +50,13 @@ def store_ledger(store: Store, run_id: str) -> tuple[list[LedgerRow], Skew]:
     return rows, skew
 
 
-def write_report(summary: dict[str, Any], ledger: list[LedgerRow], run_dir: Path) -> Path:
+def write_report(summary: dict[str, Any], ledger: list[LedgerRow], run_dir: Path,
+                 curve: list[dict[str, Any]] = ()) -> Path:
+    """report.json and report.md; `curve` is the learning curve (`audit.learner_steps`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "report.json").write_text(json.dumps(
-        {"summary": summary, "ledger": [asdict(r) for r in ledger]}, indent=2, default=str))
+        {"summary": summary, "learning_curve": list(curve),
+         "ledger": [asdict(r) for r in ledger]}, indent=2, default=str))
     lines = [f"# stalewise run {summary['run_id']}", ""]
     for key, value in summary.items():
         if not isinstance(value, dict):
@@ -61,11 +64,16 @@ def write_report(summary: dict[str, Any], ledger: list[LedgerRow], run_dir: Path
     for key, value in summary.items():
         if isinstance(value, dict):
             lines += ["", f"## {key}", ""] + [f"- {k}: {v}" for k, v in value.items()]
+    fmt = lambda v: "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))  # noqa: E731
+    if curve:
+        columns = list(curve[0])
+        lines += ["", "## learning curve (stalewise audit steps)", "",
+                  "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(fmt(row[c]) for c in columns) + " |" for row in curve]
     lines += ["", "## bias ledger (generated vs admitted)", "",
               "| family | difficulty | duration quartile | generated | admitted | excluded | "
               "reward admitted | reward excluded | duration admitted (s) | duration excluded (s) |",
               "|---|---|---|---|---|---|---|---|---|---|"]
-    fmt = lambda v: "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))  # noqa: E731
     for r in ledger:
         lines.append("| " + " | ".join(fmt(v) for v in (
             r.family, r.difficulty, r.duration_quantile, r.generated, r.admitted,

@@ -72,6 +72,24 @@ def runs_command(url: str = URL, as_json: bool = JSON, limit: int = 50) -> None:
                                           "trajectories", "admitted", "mean_reward"]))
 
 
+
+@app.command("steps")
+def steps_command(run: str = typer.Option(..., "--run", help="run id"), url: str = URL,
+                  as_json: bool = JSON) -> None:
+    """A run's learning curve: reward, loss, KL to the sampler, clipping, lag per learner step."""
+    from stalewise.store import audit
+
+    store = _open(url)
+    rows = audit.learner_steps(store, run)
+    store.close()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    columns = ["step", "samples", "tokens", *(name for name, _ in audit.CURVE_METRICS),
+               "mean_lag", "max_lag", "seconds"]
+    _console().print(_table(f"learner steps of {run}", rows, columns))
+
+
 @app.command("trajectories")
 def trajectories_command(run: str = typer.Option(..., "--run", help="run id"),
                          status: str | None = typer.Option(None, help="only this status"),

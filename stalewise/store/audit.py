@@ -32,6 +32,28 @@ def runs(store: Store, limit: int = 50) -> list[dict[str, Any]]:
                      mean_reward=r.mean_reward) for r in c.execute(query)]
 
 
+# (column, metric key) of the learning curve: what an RL engineer checks first at each step
+CURVE_METRICS = (
+    ("reward", "reward/mean"), ("loss", "loss/policy"), ("kl_sampler", "loss/kl_sampler_k3"),
+    ("clip_high", "loss/clip_frac_high"), ("clip_low", "loss/clip_frac_low"),
+    ("is_ess", "loss/is_ess"), ("entropy", "loss/entropy"), ("grad_norm", "learner/grad_norm"),
+)
+
+
+def learner_steps(store: Store, run_id: str) -> list[dict[str, Any]]:
+    """The learning curve: one dict per learner step with the curve's metrics, lag and time.
+
+    A metric the step did not report (a step that trained nothing) is None."""
+    rows = []
+    for r in store.learner_steps(run_id):
+        metrics = r.metrics or {}
+        rows.append(dict(step=r.step, version=r.policy_version, samples=r.num_samples,
+                         tokens=r.num_tokens, mean_lag=r.mean_lag, max_lag=r.max_lag,
+                         **{name: metrics.get(key) for name, key in CURVE_METRICS},
+                         seconds=r.finished_at - r.started_at))
+    return rows
+
+
 def trajectories(store: Store, run_id: str, *, status: str | None = None,
                  min_lag: int | None = None, reward_below: float | None = None,
                  purpose: str | None = None, decision: str | None = None,

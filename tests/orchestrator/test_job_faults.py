@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -172,7 +173,9 @@ def test_short_job_finishes_and_cleans_up(tmp_path, model_dir, database, request
     run = store.runs()[0]
     assert run.status == "finished" and run.summary["learner_steps"] == 2
     check_exactly_once(store, run.id, steps=2)
-    assert (tmp_path / "runs" / run.id / "report.md").exists()
+    report = json.loads((tmp_path / "runs" / run.id / "report.json").read_text())
+    assert [row["step"] for row in report["learning_curve"]] == [1, 2]
+    assert "## learning curve" in (tmp_path / "runs" / run.id / "report.md").read_text()
     wait_for(lambda: not containers_of(run.id), 15, "the run's containers to be removed")
     store.close()
 

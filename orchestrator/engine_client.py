@@ -308,14 +308,24 @@ class EngineClient:
                               f"{VLLM_CANNOT_PIN}")
         return PinnedEngine(self, version)
 
+    async def _model_card(self) -> dict:
+        reply = await self._call("GET", "/v1/models")
+        try:
+            card = dict(reply["data"][0])
+            card["id"] = str(card["id"])
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise EngineError(f"the {self._where('/v1/models')} lists no model") from exc
+        return card
+
+    async def max_model_len(self) -> int | None:
+        """The served model's context window in tokens (both backends report it), or None."""
+        value = (await self._model_card()).get("max_model_len")
+        return int(value) if isinstance(value, int) and value > 0 else None
+
     # ---- vLLM path -------------------------------------------------------------------------------
     async def model_name(self) -> str:
         if self._model is None:
-            reply = await self._call("GET", "/v1/models")
-            try:
-                self._model = str(reply["data"][0]["id"])
-            except (KeyError, IndexError, TypeError) as exc:
-                raise EngineError(f"the {self._where('/v1/models')} lists no model") from exc
+            self._model = (await self._model_card())["id"]
         return self._model
 
     async def _generate_vllm(self, request: GenerateRequest) -> GenerateResult:

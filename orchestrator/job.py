@@ -229,7 +229,8 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                             weights=client, family=family, chat_format=chat_format,
                             acquire=pools.acquire, engine_version=version,
                             start_index=store.count_groups(run_id), engine_health=client.health,
-                            async_updates="drain" if job.engine.kind == "vllm" else "pin")
+                            async_updates="drain" if job.engine.kind == "vllm" else "pin",
+                            model_context=await client.max_model_len())
         if job.engine.kind == "vllm" and job.pipeline.mode == "async":
             log.warning("vLLM cannot keep older weights resident: in async mode a trajectory's "
                         "later turns may use newer weights (drain updates)")

@@ -169,7 +169,7 @@ class Pipeline:
                  chat_format: ChatFormat, acquire: Acquire, engine_version: int = 0,
                  start_index: int = 0, poll_s: float = 0.2,
                  engine_health: Callable[[], Awaitable[bool]] | None = None,
-                 async_updates: str = "pin") -> None:
+                 async_updates: str = "pin", model_context: int | None = None) -> None:
         self.run_id, self.cfg, self.store, self.writer = run_id, cfg, store, writer
         self.engine, self.weights, self.family, self.chat_format = engine, weights, family, chat_format
         self.acquire = acquire
@@ -182,7 +182,8 @@ class Pipeline:
             temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
             max_tokens=cfg.rollout.max_tokens_per_turn, logprobs_topk=cfg.rollout.logprobs_topk,
             seed=None)
-        self.options = RolloutOptions(engine_timeout_s=cfg.engine.request_timeout_s)
+        self.options = RolloutOptions(engine_timeout_s=cfg.engine.request_timeout_s,
+                                      model_context=model_context)
         self.learner = LearnerView()
         self.stream_head = store.stream_head(run_id)
         # stream_head plus the admissions submitted to the writer but not yet committed: the

@@ -7,7 +7,8 @@ Contract (locked by tests/orchestrator/test_rollout_semantics.py):
   previous call's prompt + sampled ids exactly, or a new training segment starts.
 - Stops: a turn without tool calls is the answer (`answered`, then verified). Limits truncate:
   `max_turns`, `max_tokens` (trajectory budget), `turn_tokens` (one call's max_tokens),
-  `context_length`, `wall_time`, `working_time`. Errors: `malformed_tool_calls` (more than
+  `context_length` (the task's, capped at the engine's context window when
+  `RolloutOptions.model_context` gives it), `wall_time`, `working_time`. Errors: `malformed_tool_calls` (more than
   allowed), `tool_exception` (a tool bug, traceback kept), `sandbox_error`, `engine_error`,
   `engine_abort`.
 - Malformed tool calls (bad markup or JSON, unknown tool, arguments failing the schema, too many
@@ -39,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import sys
 import time
 import traceback
 import uuid
@@ -91,6 +93,7 @@ class RolloutOptions:
     acquire_timeout_s: float = 600.0  # getting a sandbox
     release_timeout_s: float = 30.0  # releasing sessions / the sandbox, shielded
     tool_grace_s: float = 5.0  # backstop beyond a tool's timeout (exec enforces it first)
+    model_context: int | None = None  # the engine's context window: caps a task's context_length
 
 
 class _Stop(Exception):
@@ -272,8 +275,9 @@ class _Rollout:
     async def _turns(self, sandbox: Sandbox) -> StopReason:
         conversation = self.conversation
         assert conversation is not None
+        context = min(self.limits.context_length, self.options.model_context or sys.maxsize)
         for turn in range(self.limits.max_turns):
-            room = self.limits.context_length - len(conversation.token_ids)
+            room = context - len(conversation.token_ids)
             budget = self.limits.max_generated_tokens - self.sampled_tokens
             if room <= 0:
                 return StopReason.CONTEXT_LENGTH

@@ -57,6 +57,15 @@ def test_health_models_and_info(server):
     assert info["weights_version"] == 0 and info["vocab_size"] == 107 and info["eos_token_ids"] == [2]
 
 
+    async def client_view():
+        for backend in ("stalewise", "vllm"):  # the orchestrator caps task contexts with this
+            async with EngineClient(server.url, backend=backend) as client:
+                assert await client.max_model_len() == 2048
+                assert await client.model_name() == "tiny"
+
+    anyio.run(client_view)
+
+
 COMPLETION = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 8, "min_tokens": 8,
               "temperature": 0.7, "top_k": 20, "top_p": 0.9, "seed": 11, "logprobs": 3,
               "return_tokens_as_token_ids": True, "ignore_eos": True}

@@ -254,6 +254,20 @@ async def test_context_length_is_never_exceeded(acquire):
     assert last.finish_reason == "length" and 0 < len(last.tokens) < 60
 
 
+
+async def test_the_engines_context_window_caps_the_tasks_context_length(acquire):
+    # a task written for a long-context model, served by a short one: the loop stops at the
+    # window with `context_length` instead of sending a prompt the engine must refuse
+    window = 180
+    engine = engine_for(call_text("echo", {"text": "y" * 30}), "<answer>" + "o" * 60 + "</answer>")
+    outcome, recorder = await run(make_task(context_length=4096), engine, acquire,
+                                  options=RolloutOptions(model_context=window))
+    assert outcome.stop_reason is StopReason.CONTEXT_LENGTH
+    assert all(len(s.token_ids) <= window for s in outcome.segments)
+    _, last = recorder.model_calls
+    assert last.context_len + len(last.prompt_token_ids) + len(last.tokens) == window
+
+
 async def test_context_full_before_a_call_stops_without_calling(acquire):
     engine = engine_for(call_text("echo", {"text": "z" * 200}), ANSWER)
     outcome, recorder = await run(make_task(context_length=150), engine, acquire)

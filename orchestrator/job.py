@@ -29,7 +29,7 @@ from orchestrator.engine_client import EngineClient
 from orchestrator.evaluate import EvalResult, evaluate
 from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency
 from orchestrator.pools import PoolSet
-from orchestrator.processes import ChildProcess, Supervised, watch
+from orchestrator.processes import ChildProcess, Supervised, run_to_end, watch
 from orchestrator.progress import show_progress, snapshot
 from orchestrator.report import store_ledger, write_report
 from orchestrator.resume import recover_run
@@ -60,7 +60,7 @@ def load_tokenizer(model_dir: Path):
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
-def ensure_model(job: JobConfig) -> Path:
+async def ensure_model(job: JobConfig) -> Path:
     path = Path(job.model.path)
     if (path / "config.json").exists():
         return path
@@ -69,16 +69,16 @@ def ensure_model(job: JobConfig) -> Path:
                                 f"point it at a Hugging Face model directory or set "
                                 f"model.create_tiny = true")
     log.info("creating the tiny default model", path=str(path))
-    ChildProcess.start("model", ["-m", "stalewise", "model", "init-tiny", str(path),
-                                 "--seed", str(job.run.seed)],
-                       path.parent / "init-tiny.log").process.wait()
+    await run_to_end(ChildProcess.start("model", ["-m", "stalewise", "model", "init-tiny",
+                                                  str(path), "--seed", str(job.run.seed)],
+                                        path.parent / "init-tiny.log"))
     if not (path / "config.json").exists():
         raise RuntimeError(f"could not create the tiny model in {path}; see "
                            f"{path.parent / 'init-tiny.log'}")
     return path
 
 
-def warm_start(job: JobConfig, model_dir: Path, run_dir: Path) -> Path:
+async def warm_start(job: JobConfig, model_dir: Path, run_dir: Path) -> Path:
     """SFT on the family's synthetic demonstrations, in a child process; returns the new dir."""
     ws = job.model.warm_start
     out = run_dir / "sft"
@@ -92,7 +92,7 @@ def warm_start(job: JobConfig, model_dir: Path, run_dir: Path) -> Path:
             "--batch-size", str(ws.batch_size), "--lr", str(ws.lr), "--seed", str(job.run.seed)]
     log.info("supervised warm start", demonstrations=ws.demonstrations, steps=ws.steps)
     child = ChildProcess.start("sft", argv, run_dir / "sft.log")
-    if child.process.wait() != 0 or not (out / "config.json").exists():
+    if await run_to_end(child) != 0 or not (out / "config.json").exists():
         raise RuntimeError(f"the SFT warm start failed; last log lines:\n{child.log_tail()}")
     return out
 
@@ -168,9 +168,10 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
     log.info("run started", run_dir=str(run_dir), db=store.url, mode=job.pipeline.mode)
     engine_proc = learner_proc = None
     try:
-        model_dir = await anyio.to_thread.run_sync(ensure_model, job)
+        # children started from the main thread (the event loop's) die with this process
+        model_dir = await ensure_model(job)
         if job.model.warm_start.enabled and not resume:
-            model_dir = await anyio.to_thread.run_sync(warm_start, job, model_dir, run_dir)
+            model_dir = await warm_start(job, model_dir, run_dir)
         version, path, _, _ = store.learner_progress(run_id)
         serve_dir = Path(path) if path else model_dir
         if job.engine.url is None:

@@ -1,4 +1,5 @@
-"""Child processes of a job (the learner; the engine has its own launcher in `engine.launch`).
+"""Child processes of a job: the learner, SFT and model creation (the engine has its own
+launcher in `engine.launch`).
 
 Guarantees: a child started from the main thread dies with the job (SIGTERM on parent death,
 so a SIGKILLed orchestrator leaves no learner or engine behind); a child's output goes to a log
@@ -55,6 +56,18 @@ class ChildProcess:
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode
+
+
+async def run_to_end(child: ChildProcess, *, poll_s: float = 0.2) -> int:
+    """Wait for a one-shot child (model creation, SFT) without blocking the event loop; if the
+    job is cancelled meanwhile (SIGTERM, Ctrl-C), the child is stopped too. Returns its code."""
+    try:
+        while (code := child.process.poll()) is None:
+            await anyio.sleep(poll_s)
+        return code
+    finally:
+        if child.process.poll() is None:
+            child.stop(timeout=5.0)
 
 
 async def watch(name: str, poll: Callable[[], int | None], log_tail: Callable[[], str],

@@ -6,7 +6,8 @@
 - SIGKILL of the orchestrator mid-run, then `--resume`: every trajectory stored once, none
   admitted twice, the learner's consumed sequence numbers contiguous, no orphans;
 - SIGKILL of the learner: it is restarted from its last checkpoint and the run finishes;
-- the engine killed mid-run: the run fails with a clear message and leaves nothing behind.
+- the engine killed mid-run: the run fails with a clear message and leaves nothing behind;
+- SIGTERM during the SFT warm start: the run is aborted at once and the SFT child stops.
 """
 
 from __future__ import annotations
@@ -271,4 +272,29 @@ def test_engine_killed_fails_clearly(tmp_path, model_dir):
         open_ = c.execute(select(s.Trajectory.id).where(
             s.Trajectory.run_id == run.id, s.Trajectory.status.in_(("queued", "running")))).all()
     assert not open_
+    store.close()
+
+
+def test_sigterm_during_the_warm_start_aborts_and_stops_the_sft_child(tmp_path, model_dir):
+    config = write_config(tmp_path, model_dir, steps=1)
+    config.write_text(config.read_text() + "\n[model.warm_start]\nenabled = true\n"
+                      "demonstrations = 16\nsteps = 100000\n")
+    proc = start(config)
+
+    def sft_children() -> list[int]:
+        return [p for p in children_of(proc.pid)
+                if "sft" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+
+    try:
+        wait_for(sft_children, 120, "the SFT child to start")
+        sft = sft_children()
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)  # not the SFT's 100,000 steps
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, output
+    wait_for(lambda: not any(alive(p) for p in sft), 15, "the SFT child to stop")
+    store = open_store(tmp_path)
+    assert store.runs()[0].status == "aborted"
     store.close()

@@ -168,6 +168,8 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
     log.info("run started", run_dir=str(run_dir), db=store.url, mode=job.pipeline.mode)
     engine_proc = learner_proc = None
     try:
+        if job.sandbox.backend == "docker":  # fail before minutes of SFT, not after
+            await anyio.to_thread.run_sync(_check_docker)
         # children started from the main thread (the event loop's) die with this process
         model_dir = await ensure_model(job)
         if job.model.warm_start.enabled and not resume:
@@ -205,12 +207,25 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
             store.close()
 
 
+def _check_docker() -> None:
+    from sandboxes.engine import connect
+
+    connect(timeout_s=10.0).close()
+
+
 def _remove_containers(job: JobConfig, run_id: str) -> None:
+    """Remove the run's containers; an unreachable Docker engine (often the reason the run
+    failed) is a warning here, so it cannot hide the run's own error."""
     if job.sandbox.backend != "docker":
         return
+    from sandboxes.api import SandboxError
     from sandboxes.cleanup import remove_all
 
-    remove_all(run_id=run_id)
+    try:
+        remove_all(run_id=run_id)
+    except SandboxError as exc:
+        log.warning("could not remove the run's containers; `stalewise sandbox cleanup` "
+                    "removes them once Docker answers", error=str(exc))
 
 
 async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_dir: Path,

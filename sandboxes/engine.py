@@ -36,6 +36,7 @@ def connect(*, timeout_s: float = 60.0, max_pool_size: int = 128) -> "docker.Doc
     except (docker.errors.DockerException, OSError) as exc:
         raise SandboxError(
             f"Docker engine not reachable at {docker_host()}: {exc}. {START_HINT}, "
-            "or use the local process backend (`--backend local`, not isolation)."
+            "or use the local process backend (`[sandbox] backend = \"local\"` in a job, "
+            "`--backend local` on the command line; not isolation)."
         ) from exc
     return client

@@ -7,7 +7,8 @@
   admitted twice, the learner's consumed sequence numbers contiguous, no orphans;
 - SIGKILL of the learner: it is restarted from its last checkpoint and the run finishes;
 - the engine killed mid-run: the run fails with a clear message and leaves nothing behind;
-- SIGTERM during the SFT warm start: the run is aborted at once and the SFT child stops.
+- SIGTERM during the SFT warm start: the run is aborted at once and the SFT child stops;
+- Docker unreachable: the run fails at once (before any SFT), saying why, with no traceback.
 """
 
 from __future__ import annotations
@@ -81,10 +82,11 @@ steps = {steps}
     return config
 
 
-def start(config: Path, *extra: str) -> subprocess.Popen:
+def start(config: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "stalewise", "run", str(config), *extra],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True,
+                            env={**os.environ, **(env or {})})
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
@@ -297,4 +299,18 @@ def test_sigterm_during_the_warm_start_aborts_and_stops_the_sft_child(tmp_path, 
     wait_for(lambda: not any(alive(p) for p in sft), 15, "the SFT child to stop")
     store = open_store(tmp_path)
     assert store.runs()[0].status == "aborted"
+    store.close()
+
+
+def test_an_unreachable_docker_fails_the_run_at_once_with_its_reason(tmp_path, model_dir):
+    config = write_config(tmp_path, model_dir, steps=1)
+    config.write_text(config.read_text() + "\n[model.warm_start]\nenabled = true\n")
+    proc = start(config, env={"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"})
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, output
+    assert "Traceback" not in output and "supervised warm start" not in output
+    store = open_store(tmp_path)
+    run = store.runs()[0]
+    assert run.status == "failed" and "Docker engine not reachable" in run.error
+    assert '[sandbox] backend = "local"' in run.error  # the way out, in a job's terms
     store.close()

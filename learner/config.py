@@ -235,6 +235,10 @@ class LearnerConfig(_Strict):
     micro_batch_size: int = Field(8, ge=1, description="samples per forward/backward")
     epochs: int = Field(1, ge=1, description="passes over each batch")
     publish_every: int = Field(1, ge=1, description="publish weights every N learner steps")
+    keep_checkpoints: int = Field(
+        3, ge=0, description="published versions kept on disk, newest first (older directories "
+        "are deleted; only the newest keeps its optimizer state); 0 keeps every version"
+    )
     reference_model: str | None = Field(
         None, description="checkpoint for the KL reference; None = the starting checkpoint"
     )

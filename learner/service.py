@@ -9,6 +9,9 @@ from the latest published version, with its optimizer state, at the step and str
 recorded with that version; step rows beyond it (steps whose weights were never published) are
 deleted and redone, so the steps in the store consume sequence numbers 1, 2, 3, ... contiguously,
 each exactly once. Unmarked version directories left by a crash are removed.
+
+Disk: once a version is marked, older versions lose their optimizer state and only the newest
+`keep_checkpoints` version directories stay (the engine always loads the newest).
 """
 
 from __future__ import annotations
@@ -69,6 +72,23 @@ def _remove_unmarked(publish_root: Path, version: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def prune_versions(publish_root: Path, newest: int, keep: int) -> list[Path]:
+    """After `newest` is marked: drop the optimizer state of older versions (only the newest is
+    resumed from) and, with `keep` > 0, every version directory older than the newest `keep`.
+    Returns the directories deleted."""
+    deleted = []
+    for path in sorted(publish_root.glob("v[0-9]*")):
+        number = path.name[1:]
+        if not number.isdigit() or int(number) >= newest:
+            continue
+        if keep and int(number) <= newest - keep:
+            shutil.rmtree(path, ignore_errors=True)
+            deleted.append(path)
+        else:
+            (path / OPTIMIZER_FILE).unlink(missing_ok=True)
+    return deleted
+
+
 def serve(*, db_url: str, run_id: str, cfg: LearnerConfig, model_dir: Path, publish_root: Path,
           steps: int, poll_s: float = 0.2, log=print) -> int:
     store = Store.open(db_url)
@@ -104,6 +124,8 @@ def serve(*, db_url: str, run_id: str, cfg: LearnerConfig, model_dir: Path, publ
                 break
             time.sleep(poll_s)
             continue
-        learner.rl_step(batch, baseline_peers=source.peers(batch))
+        report = learner.rl_step(batch, baseline_peers=source.peers(batch))
+        if report.published_version is not None:  # its row is in the store: older may go
+            prune_versions(publish_root, report.published_version, cfg.keep_checkpoints)
     store.close()
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, Callable
 
 import typer
 from rich.console import Console
@@ -55,22 +55,32 @@ def _table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> Table:
     return table
 
 
+def _query(url: str, query: Callable[[Any], list[dict[str, Any]]], as_json: bool
+           ) -> list[dict[str, Any]] | None:
+    """Rows of `query(store)`; printed as JSON (and None returned) when `as_json`."""
+    store = _open(url)
+    try:
+        rows = query(store)
+    finally:
+        store.close()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return None
+    return rows
+
+
 @app.command("runs")
 def runs_command(url: str = URL, as_json: bool = JSON, limit: int = 50) -> None:
     """List runs, newest first."""
     from stalewise.store import audit
 
-    store = _open(url)
-    rows = audit.runs(store, limit)
-    store.close()
-    if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+    rows = _query(url, lambda store: audit.runs(store, limit), as_json)
+    if rows is None:
         return
     for row in rows:
         row["created"] = _when(row["created_at"])
     _console().print(_table("runs", rows, ["id", "name", "status", "mode", "created",
                                           "trajectories", "admitted", "mean_reward"]))
-
 
 
 @app.command("steps")
@@ -79,11 +89,8 @@ def steps_command(run: str = typer.Option(..., "--run", help="run id"), url: str
     """A run's learning curve: reward, loss, KL to the sampler, clipping, lag per learner step."""
     from stalewise.store import audit
 
-    store = _open(url)
-    rows = audit.learner_steps(store, run)
-    store.close()
-    if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+    rows = _query(url, lambda store: audit.learner_steps(store, run), as_json)
+    if rows is None:
         return
     columns = ["step", "samples", "tokens", *(name for name, _ in audit.CURVE_METRICS),
                "mean_lag", "max_lag", "seconds"]
@@ -107,13 +114,10 @@ def trajectories_command(run: str = typer.Option(..., "--run", help="run id"),
         if value is not None and value not in allowed:
             typer.echo(f"error: {name} {value!r} is not one of {', '.join(allowed)}", err=True)
             raise typer.Exit(2)
-    store = _open(url)
-    rows = audit.trajectories(store, run, status=status, min_lag=min_lag,
-                              reward_below=reward_below, purpose=purpose, decision=decision,
-                              limit=limit)
-    store.close()
-    if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+    rows = _query(url, lambda store: audit.trajectories(
+        store, run, status=status, min_lag=min_lag, reward_below=reward_below, purpose=purpose,
+        decision=decision, limit=limit), as_json)
+    if rows is None:
         return
     _console().print(_table(f"trajectories of {run}", rows,
                            ["id", "task", "difficulty", "group", "sample", "status",

@@ -16,11 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lab.estimator_spec import PRESET_NAMES, EstimatorSpec
 from lab.levels import MismatchKind, check_level
-from stalewise.config_errors import ConfigError, problems_of, read_toml
+from stalewise.config_errors import read_toml, validate
 
 
 class _Section(BaseModel):
@@ -242,10 +242,7 @@ def _check_levels(mismatches: list[MismatchSection], vocab_size: int) -> None:
 
 
 def parse_lab_config(data: dict[str, Any], source: str = "<lab config>") -> LabConfig:
-    try:
-        return LabConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(source, problems_of(exc, LabConfig)) from None
+    return validate(LabConfig, data, source)
 
 
 def load_lab_config(path: str | Path) -> LabConfig:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from learner.config import LearnerConfig
-from stalewise.config_errors import ConfigError, problems_of, read_toml
+from stalewise.config_errors import read_toml, validate
 
 
 class Section(BaseModel):
@@ -142,10 +142,7 @@ class JobConfig(Section):
 
 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> JobConfig:
-    try:
-        return JobConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(source, problems_of(exc, JobConfig)) from None
+    return validate(JobConfig, data, source)
 
 
 def load_config(path: str | Path) -> JobConfig:

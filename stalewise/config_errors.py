@@ -5,9 +5,11 @@ from __future__ import annotations
 import difflib
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+
+Model = TypeVar("Model", bound=BaseModel)
 
 
 class ConfigError(ValueError):
@@ -70,6 +72,14 @@ def describe(error: dict[str, Any], model: type[BaseModel]) -> str:
 
 def problems_of(exc: ValidationError, model: type[BaseModel]) -> list[str]:
     return [describe(err, model) for err in exc.errors()]
+
+
+def validate(model: type[Model], data: dict[str, Any], source: str) -> Model:
+    """`model` built from `data`, or a ConfigError with one line per problem."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, problems_of(exc, model)) from None
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:

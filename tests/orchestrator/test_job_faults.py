@@ -131,6 +131,12 @@ def children_of(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def children_running(pid: int, word: str) -> list[int]:
+    """Children of `pid` whose command line contains `word` (engine, learner, sft)."""
+    return [p for p in children_of(pid)
+            if word in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -235,9 +241,7 @@ def test_sigkill_learner_restarts_from_checkpoint(tmp_path, model_dir):
     proc = start(write_config(tmp_path, model_dir, steps=5))
     try:
         wait_for(lambda: learner_steps(tmp_path) >= 2, 240, "two learner steps")
-        learner = next(p for p in children_of(proc.pid)
-                       if "learner" in Path(f"/proc/{p}/cmdline").read_text())
-        os.kill(learner, signal.SIGKILL)
+        os.kill(children_running(proc.pid, "learner")[0], signal.SIGKILL)
         output, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -257,8 +261,7 @@ def test_engine_killed_fails_clearly(tmp_path, model_dir):
     try:
         wait_for(lambda: learner_steps(tmp_path) >= 1, 240, "a learner step")
         kids = children_of(proc.pid)
-        engine = next(p for p in kids if "engine" in Path(f"/proc/{p}/cmdline").read_text())
-        os.kill(engine, signal.SIGKILL)
+        os.kill(children_running(proc.pid, "engine")[0], signal.SIGKILL)
         output, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -282,14 +285,9 @@ def test_sigterm_during_the_warm_start_aborts_and_stops_the_sft_child(tmp_path, 
     config.write_text(config.read_text() + "\n[model.warm_start]\nenabled = true\n"
                       "demonstrations = 16\nsteps = 100000\n")
     proc = start(config)
-
-    def sft_children() -> list[int]:
-        return [p for p in children_of(proc.pid)
-                if "sft" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
-
     try:
-        wait_for(sft_children, 120, "the SFT child to start")
-        sft = sft_children()
+        wait_for(lambda: children_running(proc.pid, "sft"), 120, "the SFT child to start")
+        sft = children_running(proc.pid, "sft")
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)  # not the SFT's 100,000 steps
     finally:

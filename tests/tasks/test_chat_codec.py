@@ -16,7 +16,7 @@ import string
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from stalewise.tiny_tokenizer import CHAT_TEMPLATE, build_tiny_tokenizer
@@ -25,6 +25,8 @@ from tasks.chat import HermesChatFormat, TemplateChatFormat
 from tasks.chat.codec import SplitEncoder, TokenCodec
 from tasks.chat.conversation import Conversation
 from tasks.messages import ChatMessage
+
+from chat_tokenizers import byte_level_bpe
 
 MARKERS = ["<|im_start|>", "<|im_end|>", "<tool_response>", "</tool_response>", "<tool_call>"]
 TEXT = st.lists(st.one_of(st.sampled_from(MARKERS), st.text(
@@ -54,18 +56,7 @@ def tiny_with(template: str) -> PreTrainedTokenizerFast:
 
 
 def bpe_tokenizer() -> PreTrainedTokenizerFast:
-    core = Tokenizer(models.BPE(unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400,
-                                  special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    core.train_from_iterator(["print(3*(4+5)) the answer is 27 tool_call name arguments"] * 50,
-                             trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>",
-                                        unk_token="<unk>")
-    tokenizer.chat_template = QWEN_LIKE
-    return tokenizer
+    return byte_level_bpe("print(3*(4+5)) the answer is 27 tool_call name arguments", QWEN_LIKE)
 
 
 def greedy_tokenizer() -> PreTrainedTokenizerFast:

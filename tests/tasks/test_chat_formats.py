@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
 from stalewise.tiny_tokenizer import build_tiny_tokenizer
@@ -11,6 +11,8 @@ from tasks.builtin_tools import python, write_file
 from tasks.chat import HermesChatFormat, TemplateChatFormat, make_chat_format
 from tasks.chat.conversation import Conversation
 from tasks.messages import ChatMessage
+
+from chat_tokenizers import byte_level_bpe
 
 CALL = '<tool_call>{"name":"python","arguments":{"code":"print(3*(4+5))"}}</tool_call>'
 
@@ -44,18 +46,8 @@ def tiny():
 @pytest.fixture(scope="module")
 def bpe():
     """A byte-level BPE tokenizer where 'pr' is one token but 'p','r' also exist."""
-    core = Tokenizer(models.BPE(unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400,
-                                  special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    core.train_from_iterator(["print(3*(4+5)) the answer is 27 tool_call name arguments code"]
-                             * 50, trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>",
-                                        unk_token="<unk>")
-    tokenizer.chat_template = QWEN_LIKE
-    return tokenizer
+    return byte_level_bpe("print(3*(4+5)) the answer is 27 tool_call name arguments code",
+                          QWEN_LIKE)
 
 
 def conversation_messages():

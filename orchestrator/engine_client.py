@@ -142,6 +142,7 @@ class EngineClient:
         self.retry_backoff_s = retry_backoff_s
         self.ignore_eos = ignore_eos
         self._model = model
+        self._card: dict | None = None
         self._version = initial_version
         self._update_log: list[tuple[int, KvPolicy]] = []
         self._http = httpx.AsyncClient(
@@ -309,13 +310,16 @@ class EngineClient:
         return PinnedEngine(self, version)
 
     async def _model_card(self) -> dict:
-        reply = await self._call("GET", "/v1/models")
-        try:
-            card = dict(reply["data"][0])
-            card["id"] = str(card["id"])
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise EngineError(f"the {self._where('/v1/models')} lists no model") from exc
-        return card
+        """The served model's `/v1/models` entry, fetched once."""
+        if self._card is None:
+            reply = await self._call("GET", "/v1/models")
+            try:
+                card = dict(reply["data"][0])
+                card["id"] = str(card["id"])
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                raise EngineError(f"the {self._where('/v1/models')} lists no model") from exc
+            self._card = card
+        return self._card
 
     async def max_model_len(self) -> int | None:
         """The served model's context window in tokens (both backends report it), or None."""

@@ -127,7 +127,7 @@ def describe_failure(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
-def run_job(job: JobConfig, *, config_path: Path | None = None, resume: str | None = None) -> int:
+def run_job(job: JobConfig, *, resume: str | None = None) -> int:
     configure_logging(job.run.log_format)
     tune_gc_for_concurrency()
     return anyio.run(_run_until_signalled, job, resume)
@@ -278,14 +278,15 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                 log.info("evaluation", **asdict(results[-1]))
             tg.cancel_scope.cancel()
     ledger, skew = await anyio.to_thread.run_sync(store_ledger, store, run_id)
-    steps = store.learner_steps(run_id)
-    lags = [r.mean_lag for r in steps if r.mean_lag is not None]
+    curve = audit.learner_steps(store, run_id)
+    lags = [r["mean_lag"] for r in curve if r["mean_lag"] is not None]
     summary = {
         "run_id": run_id, "mode": job.pipeline.mode, "kv": job.pipeline.kv,
         "wall_s": round(time.monotonic() - started, 1),
-        "learner_steps": len(steps), "policy_version": pipeline.learner.version,
+        "learner_steps": len(curve), "policy_version": pipeline.learner.version,
         "mean_token_lag": round(sum(lags) / len(lags), 3) if lags else None,
-        "max_token_lag": max((r.max_lag for r in steps if r.max_lag is not None), default=None),
+        "max_token_lag": max((r["max_lag"] for r in curve if r["max_lag"] is not None),
+                             default=None),
         "progress": snapshot(pipeline),
         "admission": dict(pipeline.stats.decisions),
         "selection_skew": asdict(skew),
@@ -293,7 +294,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                                 f" over {r.instances} (version {r.version})" for r in results},
         "report": str(run_dir / "report.md"), "db": store.url,
     }
-    write_report(summary, ledger, run_dir, curve=audit.learner_steps(store, run_id))
+    write_report(summary, ledger, run_dir, curve=curve)
     print_summary(summary, results, job)
     return summary
 

@@ -67,4 +67,4 @@ def run_command(config: Path = typer.Argument(..., help="job config (TOML)"),
         return
     from orchestrator.job import run_job
 
-    raise typer.Exit(run_job(job, config_path=config, resume=resume))
+    raise typer.Exit(run_job(job, resume=resume))

@@ -8,8 +8,9 @@ stream and never touch a thread.
 
 Guarantees: a sandbox that fails to start leaves no container behind and raises `SandboxError`
 with the engine's or the agent's words; `close()` is idempotent and safe after the container
-died; the container dies on its own when this process dies (its agent exits on stdin EOF) and in
-any case at its hard TTL.
+died; a started container dies on its own when this process dies (its agent exits on stdin EOF)
+and in any case at its hard TTL; one created but not yet attached when this process died never
+starts, and orphan cleanup removes it.
 """
 
 from __future__ import annotations

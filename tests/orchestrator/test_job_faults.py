@@ -146,10 +146,11 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def containers_of(run_id: str) -> list:
+def containers_of(run_id: str, *, running_only: bool = False) -> list:
     client = docker.from_env()
     try:
-        return client.containers.list(all=True, filters={"label": f"{RUN_ID}={run_id}"})
+        return client.containers.list(all=not running_only,
+                                      filters={"label": f"{RUN_ID}={run_id}"})
     finally:
         client.close()
 
@@ -222,7 +223,10 @@ def test_sigkill_orchestrator_then_resume(tmp_path, model_dir):
     store = open_store(tmp_path)
     run_id = store.runs()[0].id
     assert store.run(run_id).status == "running"  # nobody could record anything else
-    wait_for(lambda: not containers_of(run_id), 60, "the dead owner's containers to go")
+    # running containers die with their owner (their agent sees EOF); one the owner had created
+    # but not yet attached never starts, and the resume's orphan cleanup removes it (below)
+    wait_for(lambda: not containers_of(run_id, running_only=True), 60,
+             "the dead owner's running containers to go")
 
     resumed = start(config, "--resume", run_id)
     output, _ = resumed.communicate(timeout=300)

@@ -264,6 +264,10 @@ class SampleSource(Protocol):
         """True when no sample with sequence > after_sequence will ever be available."""
         ...
 
+    def peers(self, batch: Sequence[TrainingSample]) -> Sequence[tuple[GroupId, float]]:
+        """(group_id, reward) of admitted members of the batch's groups outside the batch."""
+        ...
+
 
 class InMemorySource:
     """A fixed list of samples; sequence numbers 0 are replaced by positions 1, 2, ..."""
@@ -291,6 +295,12 @@ class InMemorySource:
 
     def finished(self, after_sequence: int) -> bool:
         return not self._sequences or after_sequence >= self._sequences[-1]
+
+    def peers(self, batch: Sequence[TrainingSample]) -> list[tuple[GroupId, float]]:
+        groups = {s.group_id for s in batch}
+        inside = {s.sequence for s in batch}
+        return [(s.group_id, s.reward) for s in self._samples
+                if s.group_id in groups and s.sequence not in inside]
 
     def __len__(self) -> int:
         return len(self._samples)

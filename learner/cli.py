@@ -118,7 +118,7 @@ def train_command(
     try:
         source = JsonlSource(data)
         learner = Learner(model, cfg, publish_root=out, mark_published=mark, sinks=sinks)
-        reports = learner.run(source, max_steps=steps)
+        reports = learner.run(source, until_step=steps)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     finally:

@@ -11,9 +11,10 @@ Pure functions of tensors. Three log-probabilities of the same sampled tokens me
 and aggregates it over the loss mask. w is the detached behaviour weight (TIS / MIS / none,
 token or sequence level, from pi_old / mu or sg(pi) / mu) and multiplies after clipping.
 `score_centering_loss` is an additive term: added to the policy loss it replaces each token's
-score grad log pi(y_t) by grad log pi(y_t) - E_{v ~ mu}[grad log pi(v)], with the expectation
-over the sampler's recorded top-k head and a tail modelled as the trainer's distribution
-rescaled to the sampler's tail mass, so only the k head tokens are gathered.
+weighted score f(pi/mu)(y_t) grad log pi(y_t) by that minus its expectation under mu, with the
+weight f applied per head token, the expectation over the sampler's recorded top-k head and a
+tail modelled as the trainer's distribution rescaled to the sampler's tail mass, so only the k
+head tokens are gathered.
 
 Guarantees: masked positions contribute exactly zero value and zero gradient (NaN-safe);
 weights and clip decisions carry no gradient; every function returns `LossOutput` with
@@ -39,6 +40,7 @@ __all__ = [
     "behaviour_weights",
     "policy_loss",
     "score_centering_loss",
+    "sequence_tokens",
     "token_entropy",
 ]
 
@@ -59,18 +61,42 @@ class LossOutput:
 # ----------------------------------------------------------------------------- aggregation
 
 
+def sequence_tokens(
+    mask_B_T: torch.Tensor, sequence_index_B: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Loss tokens of each row's sequence, (B,): the row's own, or, with `sequence_index_B`,
+    those of every row with the same index (a trajectory a chat template split into rows)."""
+    row_tokens = mask_B_T.to(torch.bool).sum(-1)
+    if sequence_index_B is None or row_tokens.numel() == 0:
+        return row_tokens
+    index = sequence_index_B.to(device=row_tokens.device, dtype=torch.long)
+    totals = torch.zeros(int(index.max()) + 1, dtype=row_tokens.dtype, device=row_tokens.device)
+    return totals.index_add_(0, index, row_tokens)[index]
+
+
+def _sequence_count(mask_B_T: torch.Tensor, sequence_index_B: torch.Tensor | None) -> torch.Tensor:
+    has_tokens = mask_B_T.to(torch.bool).any(-1)
+    if sequence_index_B is None:
+        return has_tokens.to(torch.float32).sum()
+    index = sequence_index_B.to(has_tokens.device)[has_tokens]
+    return torch.tensor(float(torch.unique(index).numel()), device=has_tokens.device)
+
+
 def aggregation_denominator(
-    mask_B_T: torch.Tensor, mode: Aggregation | str, norm_constant: float | None = None
+    mask_B_T: torch.Tensor, mode: Aggregation | str, norm_constant: float | None = None,
+    sequence_index_B: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The denominator `aggregate` divides by: N tokens, S sequences, or S * norm_constant.
 
-    S counts only sequences with at least one loss token. Exposed so a trainer that splits a
-    batch into micro-batches can divide every micro-batch by the whole batch's denominator.
+    S counts only sequences with at least one loss token; rows that share an entry of
+    `sequence_index_B` are one sequence (the segments of one trajectory count once). Exposed
+    so a trainer that splits a batch into micro-batches can divide every micro-batch by the
+    whole batch's denominator.
     """
     mask = mask_B_T.to(torch.float32)
     if mode == "token_mean":
         return mask.sum()
-    sequences = (mask.sum(-1) > 0).to(torch.float32).sum()
+    sequences = _sequence_count(mask_B_T, sequence_index_B)
     if mode in ("seq_mean_token_mean", "seq_mean_token_sum"):
         return sequences
     if mode == "seq_sum_norm":
@@ -93,6 +119,7 @@ def aggregate(
     norm_constant: float | None = None,
     *,
     denominator: torch.Tensor | float | None = None,
+    sequence_tokens_B: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Combine per-token losses into a scalar.
 
@@ -100,7 +127,9 @@ def aggregate(
     seq_mean_token_mean: (1/S) sum_i (sum_t m*L / n_i)
     seq_mean_token_sum:  (1/S) sum_i sum_t m*L
     seq_sum_norm:        sum m*L / (S * norm_constant)
-    With `denominator` given, it replaces N, S or S * norm_constant (micro-batching).
+    With `denominator` given, it replaces N, S or S * norm_constant (micro-batching); with
+    `sequence_tokens_B` (see `sequence_tokens`), n_i is the loss tokens of row i's whole
+    sequence, so a sequence split over several rows counts once.
     An empty mask gives 0 (with a graph, so backward works).
     """
     if per_token_B_T.shape != mask_B_T.shape:
@@ -111,7 +140,8 @@ def aggregate(
     mask = mask_B_T.to(torch.bool)
     masked = torch.where(mask, per_token_B_T, torch.zeros_like(per_token_B_T))
     if mode == "seq_mean_token_mean":
-        lengths_B = mask.sum(-1).clamp(min=1).to(per_token_B_T.dtype)
+        lengths_B = mask.sum(-1) if sequence_tokens_B is None else sequence_tokens_B
+        lengths_B = lengths_B.to(device=masked.device, dtype=per_token_B_T.dtype).clamp(min=1)
         numerator = (masked.sum(-1) / lengths_B).sum()
     else:
         numerator = masked.sum()
@@ -365,12 +395,14 @@ def policy_loss(
     reference_logprobs_B_T: torch.Tensor | None = None,
     entropy_B_T: torch.Tensor | None = None,
     denominator: torch.Tensor | float | None = None,
+    sequence_tokens_B: torch.Tensor | None = None,
 ) -> LossOutput:
     """The configured policy loss; gradient flows through `trainer_logprobs_B_T` only.
 
     advantages: (B,) per sequence or (B, T) per token. `reference_logprobs_B_T` is required
     when `cfg.kl_coef > 0`; `entropy_B_T` (from the logits) only feeds the metrics.
-    `denominator` overrides the aggregation denominator (see `aggregation_denominator`).
+    `denominator` overrides the aggregation denominator (see `aggregation_denominator`) and
+    `sequence_tokens_B` the per-sequence token counts (see `sequence_tokens`).
     """
     shape = _check_shapes(
         trainer_logprobs=trainer_logprobs_B_T,
@@ -402,9 +434,8 @@ def policy_loss(
         metrics["loss/kl_ref"] = _masked_mean(kl_ref.detach(), mask)
     aggregation_mask = mask if cfg.masked_in_denominator else mask & keep
     per_token = torch.where(aggregation_mask, per_token, torch.zeros_like(per_token))
-    loss = aggregate(
-        per_token, aggregation_mask, cfg.aggregation, cfg.norm_constant, denominator=denominator
-    )
+    loss = aggregate(per_token, aggregation_mask, cfg.aggregation, cfg.norm_constant,
+                     denominator=denominator, sequence_tokens_B=sequence_tokens_B)
 
     with torch.no_grad():
         metrics.update(_policy_metrics(cfg, loss, mask, adv, ratio, flags, weights, keep,
@@ -440,9 +471,14 @@ def _check_centering_shapes(
 
 
 def _centering_coefficients(
-    head_logp: torch.Tensor, sampler_head_logp: torch.Tensor, valid: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(mu on the head, pi's head mass, c_v = mu(v) - (m_mu / m_pi) * pi(v)); all detached."""
+    head_logp: torch.Tensor, sampler_head_logp: torch.Tensor, valid: torch.Tensor,
+    cfg: ScoreCenteringConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """(mu on the head, pi's head mass, c_v, head weights); all detached.
+
+    c_v = mu(v) f(pi(v)/mu(v)) - alpha pi(v) with alpha = rho f(1/rho), rho = m_mu / m_pi, and
+    f the `cfg.weight` function; the head weights are (f, keep, floored, capped) per entry.
+    """
     zero = torch.zeros((), dtype=head_logp.dtype, device=head_logp.device)
     mu_head = torch.where(valid, torch.exp(sampler_head_logp), zero)
     head_logp = torch.where(valid, head_logp, torch.full_like(head_logp, -torch.inf))
@@ -450,9 +486,16 @@ def _centering_coefficients(
     tail_mu = (1.0 - mu_head.sum(-1)).clamp(min=0.0)
     tail_pi = (-torch.expm1(log_head_mass_pi.clamp(max=0.0))).clamp(min=TAIL_MASS_FLOOR)
     pi_head = torch.exp(head_logp)
-    coef = torch.where(valid, mu_head - (tail_mu / tail_pi)[..., None] * pi_head,
+    head_log_ratio = torch.where(valid, head_logp - sampler_head_logp, torch.zeros_like(mu_head))
+    weights = _correction_weights(cfg.weight, head_log_ratio, cfg.weight_low, cfg.weight_high)
+    has_tail = tail_mu > 0
+    inverse_rho_log = torch.log(tail_pi) - torch.log(torch.where(has_tail, tail_mu, 1.0))
+    f_inverse_rho = _correction_weights(cfg.weight, inverse_rho_log, cfg.weight_low,
+                                        cfg.weight_high)[0]
+    alpha = torch.where(has_tail, tail_mu / tail_pi * f_inverse_rho, zero)
+    coef = torch.where(valid, mu_head * weights[0] - alpha[..., None] * pi_head,
                        torch.zeros_like(mu_head))
-    return mu_head, torch.exp(log_head_mass_pi), coef
+    return mu_head, torch.exp(log_head_mass_pi), coef, weights
 
 
 def score_centering_loss(
@@ -468,21 +511,25 @@ def score_centering_loss(
     trainer_logsumexp_B_T: torch.Tensor | None = None,
     compute_entropy: bool = True,
     denominator: torch.Tensor | float | None = None,
+    sequence_tokens_B: torch.Tensor | None = None,
 ) -> LossOutput:
     """The score-centering term; add it to the policy loss.
 
     At each loss position with head H (the sampler's recorded top-k, entries with log-prob
-    -inf are padding) and tail masses m_mu = 1 - sum_H mu, m_pi = 1 - sum_H pi:
+    -inf are padding), tail masses m_mu = 1 - sum_H mu, m_pi = 1 - sum_H pi, rho = m_mu / m_pi
+    and f the weight function of `cfg.weight` (none: 1; tis: clip(r, low, high); mis:
+    r if low <= r <= high else 0):
 
-        c_v = mu(v) - (m_mu / m_pi) * pi(v)           for v in H   (detached)
-        per_token = w * A * sum_{v in H} c_v * log pi(v)
+        c_v = mu(v) f(pi(v)/mu(v)) - rho f(1/rho) pi(v)     for v in H   (detached)
+        per_token = A * sum_{v in H} c_v * log pi(v)
 
-    so that grad(per_token) = w * A * E_{v ~ mu_hat}[grad log pi(v)] where mu_hat is mu on the
-    head and pi rescaled to mass m_mu on the tail; the tail terms cancel because
-    sum_v pi(v) grad log pi(v) = 0. Added to a REINFORCE term -A log pi(y) it centers the score.
-    w is `cfg.weight` applied to the detached ratio pi(y)/mu(y) of the sampled token y.
-    Gradient flows through the logits only. Pass the trainer's `trainer_logsumexp_B_T` to
-    reuse it; m_pi is floored at 1e-6 (float32 cannot resolve smaller tail masses).
+    The policy term it is added to is -A f(pi(y)/mu(y)) log pi(y) (REINFORCE with the same
+    `tis`/`mis` correction); the sum's expectation under mu is E_mu[f(pi/mu) grad log pi] with
+    the tail modelled as pi rescaled to mass m_mu (exact when H is the whole vocabulary), so the
+    two terms together have expectation zero under the sampler: the weight is applied per head
+    token, not to the sampled token. Gradient flows through the logits only. Pass the trainer's
+    `trainer_logsumexp_B_T` to reuse it; m_pi is floored at 1e-6 (float32 cannot resolve
+    smaller tail masses). Weight metrics are over the valid head entries.
     """
     shape = _check_centering_shapes(trainer_logits_B_T_V, sampled_ids_B_T, sampler_logprobs_B_T,
                                     sampler_topk_ids_B_T_K, sampler_topk_logprobs_B_T_K, mask_B_T)
@@ -499,8 +546,8 @@ def score_centering_loss(
 
     with torch.no_grad():
         valid = torch.isfinite(sampler_topk_logprobs_B_T_K) & mask[..., None]
-        mu_head, pi_head_mass, coef = _centering_coefficients(
-            head_logp.detach(), sampler_topk_logprobs_B_T_K.to(dtype), valid)
+        mu_head, pi_head_mass, coef, (weights, keep, floored, capped) = _centering_coefficients(
+            head_logp.detach(), sampler_topk_logprobs_B_T_K.to(dtype), valid, cfg)
         sampled_logp = (
             logits.detach().gather(-1, sampled_ids_B_T.long()[..., None]).squeeze(-1).to(dtype)
             - lse.detach()
@@ -508,24 +555,22 @@ def score_centering_loss(
         log_rho = torch.where(
             mask, sampled_logp - sampler_logprobs_B_T.to(dtype), torch.zeros_like(sampled_logp)
         )
-        weights, keep, floored, capped = _correction_weights(
-            cfg.weight, log_rho, cfg.weight_low, cfg.weight_high
-        )
 
     expected_score = (coef * torch.where(valid, head_logp, torch.zeros_like(head_logp))).sum(-1)
-    per_token = torch.where(mask, weights * adv * expected_score, torch.zeros_like(expected_score))
-    loss = aggregate(per_token, mask, cfg.aggregation, cfg.norm_constant, denominator=denominator)
+    per_token = torch.where(mask, adv * expected_score, torch.zeros_like(expected_score))
+    loss = aggregate(per_token, mask, cfg.aggregation, cfg.norm_constant,
+                     denominator=denominator, sequence_tokens_B=sequence_tokens_B)
 
     with torch.no_grad():
         metrics = {
             "score_centering/loss": loss.detach(),
-            "score_centering/clip_frac_low": _masked_mean(floored.to(dtype), mask),
-            "score_centering/clip_frac_high": _masked_mean(capped.to(dtype), mask),
-            "score_centering/masked_frac": _masked_mean((~keep).to(dtype), mask),
+            "score_centering/clip_frac_low": _masked_mean(floored.to(dtype), valid),
+            "score_centering/clip_frac_high": _masked_mean(capped.to(dtype), valid),
+            "score_centering/masked_frac": _masked_mean((~keep).to(dtype), valid),
             "score_centering/head_mass_sampler": _masked_mean(mu_head.sum(-1), mask),
             "score_centering/head_mass_trainer": _masked_mean(pi_head_mass, mask),
         }
-        metrics.update(_weight_metrics("score_centering/", weights, mask))
+        metrics.update(_weight_metrics("score_centering/", weights, valid))
         metrics.update(_kl_metrics("score_centering/kl_sampler", log_rho, mask))
         if compute_entropy:
             metrics["score_centering/entropy"] = _masked_mean(

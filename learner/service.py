@@ -19,12 +19,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import torch
 
-from learner.batch import take_batch
 from learner.config import LearnerConfig
 from learner.metrics import ConsoleSink, StepReport
 from learner.store_source import StoreSource
@@ -116,16 +114,12 @@ def serve(*, db_url: str, run_id: str, cfg: LearnerConfig, model_dir: Path, publ
                     "step": step, "last_seq": last_seq, "redo_steps": forgotten,
                     "from": str(start_dir)}), flush=True)
     source = StoreSource(store, run_id, pad_id=learner.pad_id)
-    while learner.step < steps:
-        batch = take_batch(source, learner.last_sequence, cfg.batch_size)
-        if len(batch) < cfg.batch_size:
-            if source.finished(learner.last_sequence):
-                log(json.dumps({"event": "stream finished before the last step"}), flush=True)
-                break
-            time.sleep(poll_s)
-            continue
-        report = learner.rl_step(batch, baseline_peers=source.peers(batch))
+
+    def prune(report: StepReport) -> None:
         if report.published_version is not None:  # its row is in the store: older may go
             prune_versions(publish_root, report.published_version, cfg.keep_checkpoints)
+
+    learner.run(source, until_step=steps, train_partial_last_batch=False, poll_s=poll_s,
+                on_report=prune, log=lambda event: log(json.dumps({"event": event}), flush=True))
     store.close()
     return 0

@@ -44,8 +44,8 @@ def sft_loss(
         for start in range(0, batch.size, micro_batch_size):
             sub = batch.rows(start, min(start + micro_batch_size, batch.size))
             out = policy_outputs(learner.policy, sub.input_ids_B_T, sub.attention_mask_B_T)
-            total += -(out.logprobs_B_T[sub.loss_mask]).sum().item()
-            count += sub.loss_mask.sum().item()
+            total += -(out.logprobs_B_T[sub.loss_mask_B_Tm1]).sum().item()
+            count += sub.loss_mask_B_Tm1.sum().item()
     learner.policy.train()
     return total / max(count, 1.0)
 
@@ -59,13 +59,13 @@ def sft_step(
     """One optimizer step of token-mean cross-entropy over `samples`."""
     started, t0 = time.time(), time.perf_counter()
     batch = collate(samples, learner.pad_id, learner.device)
-    denominator = batch.loss_mask.sum().clamp(min=1)
+    denominator = batch.loss_mask_B_Tm1.sum().clamp(min=1)
     optimizer.zero_grad(set_to_none=True)
     loss_value = 0.0
     for start in range(0, batch.size, sft.micro_batch_size):
         sub = batch.rows(start, min(start + sft.micro_batch_size, batch.size))
         out = policy_outputs(learner.policy, sub.input_ids_B_T, sub.attention_mask_B_T)
-        loss = aggregate(-out.logprobs_B_T, sub.loss_mask, "token_mean", denominator=denominator)
+        loss = aggregate(-out.logprobs_B_T, sub.loss_mask_B_Tm1, "token_mean", denominator=denominator)
         loss.backward()
         loss_value += loss.item()
     norm = torch.nn.utils.clip_grad_norm_(
@@ -78,7 +78,7 @@ def sft_step(
         step=learner.step,
         mode="sft",
         num_samples=batch.size,
-        num_tokens=int(batch.loss_mask.sum().item()),
+        num_tokens=int(batch.loss_mask_B_Tm1.sum().item()),
         loss=loss_value,
         policy_version=learner.version,
         metrics={

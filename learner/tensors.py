@@ -1,9 +1,11 @@
 """Padded tensors from samples, in the shifted space the losses use.
 
 `collate` right-pads a list of `TrainingSample`s into (B, T) input tensors and gives every
-per-token quantity in the shifted space (B, T-1): entry j is about token j + 1, the token the
-logits at position j predict. Padding has loss mask 0; padded top-k entries have log-prob
--inf (which the score-centering loss treats as absent).
+per-token quantity in the shifted space (B, T-1), named `_B_Tm1`: entry j is about token j + 1,
+the token the logits at position j predict (so `policy_outputs(...).logprobs_B_T` of the model
+line up with them). Padding has loss mask 0; padded top-k entries have log-prob -inf (which the
+score-centering loss treats as absent). Rows of one trajectory (a template split it into
+segments) share a `trajectory_index_B` entry.
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ from learner.batch import TrainingSample
 class PaddedBatch:
     input_ids_B_T: torch.Tensor  # (B, T) long, right-padded
     attention_mask_B_T: torch.Tensor  # (B, T) long
-    loss_mask: torch.Tensor  # (B, T-1) bool, shifted
-    sampler_logprobs: torch.Tensor  # (B, T-1) float32, shifted
-    weights_versions: torch.Tensor  # (B, T-1) long, shifted (-1 off the mask)
+    loss_mask_B_Tm1: torch.Tensor  # (B, T-1) bool, shifted
+    sampler_logprobs_B_Tm1: torch.Tensor  # (B, T-1) float32, shifted
+    weights_versions_B_Tm1: torch.Tensor  # (B, T-1) long, shifted (-1 off the mask)
     rewards_B: torch.Tensor  # (B,) float32
     group_ids: tuple  # (B,) group ids
     trajectory_ids: tuple  # (B,) trajectory ids (a multi-segment trajectory spans rows)
-    topk_ids: torch.Tensor | None  # (B, T-1, K) long, shifted
-    topk_logprobs: torch.Tensor | None  # (B, T-1, K) float32, shifted
+    trajectory_index_B: torch.Tensor  # (B,) long, 0.. per distinct trajectory id
+    topk_ids_B_Tm1_K: torch.Tensor | None  # (B, T-1, K) long, shifted
+    topk_logprobs_B_Tm1_K: torch.Tensor | None  # (B, T-1, K) float32, shifted
 
     @property
     def size(self) -> int:
@@ -47,14 +50,15 @@ class PaddedBatch:
         return PaddedBatch(
             input_ids_B_T=cut(self.input_ids_B_T, False),
             attention_mask_B_T=cut(self.attention_mask_B_T, False),
-            loss_mask=cut(self.loss_mask, True),
-            sampler_logprobs=cut(self.sampler_logprobs, True),
-            weights_versions=cut(self.weights_versions, True),
+            loss_mask_B_Tm1=cut(self.loss_mask_B_Tm1, True),
+            sampler_logprobs_B_Tm1=cut(self.sampler_logprobs_B_Tm1, True),
+            weights_versions_B_Tm1=cut(self.weights_versions_B_Tm1, True),
             rewards_B=self.rewards_B[start:stop],
             group_ids=self.group_ids[start:stop],
             trajectory_ids=self.trajectory_ids[start:stop],
-            topk_ids=cut(self.topk_ids, True),
-            topk_logprobs=cut(self.topk_logprobs, True),
+            trajectory_index_B=self.trajectory_index_B[start:stop],
+            topk_ids_B_Tm1_K=cut(self.topk_ids_B_Tm1_K, True),
+            topk_logprobs_B_Tm1_K=cut(self.topk_logprobs_B_Tm1_K, True),
         )
 
 
@@ -99,12 +103,19 @@ def collate(
     return PaddedBatch(
         input_ids_B_T=as_t(ids),
         attention_mask_B_T=as_t(attention),
-        loss_mask=as_t(mask[:, 1:]),
-        sampler_logprobs=as_t(sampler[:, 1:]),
-        weights_versions=as_t(versions[:, 1:]),
+        loss_mask_B_Tm1=as_t(mask[:, 1:]),
+        sampler_logprobs_B_Tm1=as_t(sampler[:, 1:]),
+        weights_versions_B_Tm1=as_t(versions[:, 1:]),
         rewards_B=torch.tensor([s.reward for s in samples], dtype=torch.float32, device=device),
         group_ids=tuple(s.group_id for s in samples),
         trajectory_ids=tuple(s.trajectory_id for s in samples),
-        topk_ids=as_t(topk_ids[:, 1:]) if K else None,
-        topk_logprobs=as_t(topk_lp[:, 1:]) if K else None,
+        trajectory_index_B=_index_of([s.trajectory_id for s in samples], device),
+        topk_ids_B_Tm1_K=as_t(topk_ids[:, 1:]) if K else None,
+        topk_logprobs_B_Tm1_K=as_t(topk_lp[:, 1:]) if K else None,
     )
+
+
+def _index_of(ids: Sequence[object], device: str | torch.device) -> torch.Tensor:
+    first_seen: dict[object, int] = {}
+    return torch.tensor([first_seen.setdefault(i, len(first_seen)) for i in ids],
+                        dtype=torch.long, device=device)

@@ -5,14 +5,15 @@ warm starts on the same `Learner` are in `learner.sft`. One RL learner step, rea
 bottom in `rl_step`:
 1. rewards (+ optional DAPO overlong penalty), optional removal of zero-variance groups;
 2. padded tensors with loss masks from the samples' per-token data;
-3. a no-grad pass at the current weights: proximal log-probs (pi_old), reference log-probs
-   (when kl_coef > 0), critic values (for gae);
-4. advantages (group baselines, or GAE from the critic's values);
-5. `epochs` passes; each mini-batch is one optimizer step, accumulated over micro-batches.
-   Every micro-batch divides by the whole mini-batch's aggregation denominator, so the
-   gradient equals the unsplit mini-batch's gradient whatever the micro-batch size;
-6. AdamW with gradient clipping and linear warm-up; the critic has its own AdamW;
-7. a `StepReport` with the loss diagnostics to every sink, then, every `publish_every`
+3. `StepTensors`: a no-grad pass at the current weights (proximal log-probs pi_old, reference
+   log-probs when kl_coef > 0, critic values for gae), then advantages (group baselines, or
+   GAE from the critic's values);
+4. `epochs` passes; each mini-batch is one optimizer step, accumulated over micro-batches.
+   Every micro-batch divides by the whole mini-batch's `Denominators`, so the gradient equals
+   the unsplit mini-batch's gradient whatever the micro-batch size; the segments of one
+   trajectory count as one sequence in every `seq_*` aggregation;
+5. AdamW with gradient clipping and linear warm-up; the critic has its own AdamW;
+6. a `StepReport` with the loss diagnostics to every sink, then, every `publish_every`
    steps, publish-then-mark of the next policy version.
 
 Guarantees: samples are consumed in sequence order, each once (`last_sequence` advances only
@@ -24,7 +25,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,6 +45,7 @@ from learner.losses import (
     behaviour_weights,
     policy_loss,
     score_centering_loss,
+    sequence_tokens,
     token_entropy,
 )
 from learner.metrics import MetricsSink, StepReport
@@ -80,6 +83,39 @@ class _MetricMean:
 
 def _cut(t: torch.Tensor | None, rows: slice, length: int) -> torch.Tensor | None:
     return None if t is None else t[rows, :length]
+
+
+@dataclass(frozen=True)
+class StepTensors:
+    """What one learner step computes once, before its optimizer steps.
+
+    Per-token tensors are in the batch's shifted space (`_B_Tm1`, see `learner.tensors`);
+    `advantages` is (B,) for group baselines or (B, T-1) for GAE.
+    """
+
+    batch: PaddedBatch
+    proximal_logprobs_B_Tm1: torch.Tensor
+    reference_logprobs_B_Tm1: torch.Tensor | None
+    old_values_B_Tm1: torch.Tensor | None
+    advantages: torch.Tensor
+    returns_B_Tm1: torch.Tensor | None
+
+    def advantages_of(self, rows: slice, length: int) -> torch.Tensor:
+        a = self.advantages
+        return a[rows] if a.dim() == 1 else a[rows, :length]
+
+
+@dataclass(frozen=True)
+class Denominators:
+    """One optimizer step's normalisers, shared by its micro-batches so that their gradients
+    add up to the unsplit mini-batch's. `*_sequence_tokens_B` are indexed by batch row and
+    count a trajectory's loss tokens over all its rows (per-trajectory aggregation)."""
+
+    policy: torch.Tensor
+    policy_sequence_tokens_B: torch.Tensor
+    centering: torch.Tensor | None
+    centering_sequence_tokens_B: torch.Tensor
+    value: torch.Tensor
 
 
 class Learner:
@@ -129,7 +165,41 @@ class Learner:
         self.last_sequence = last_sequence
         self.optimizer_steps = 0
 
-    # ------------------------------------------------------------------ RL
+    # ------------------------------------------------------------------ the batch loop
+    def run(
+        self,
+        source: SampleSource,
+        *,
+        until_step: int | None = None,
+        train_partial_last_batch: bool = True,
+        poll_s: float = 0.5,
+        on_report: Callable[[StepReport], None] | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> list[StepReport]:
+        """Consume `source` batch by batch from `last_sequence` until step `until_step` (None:
+        until the source is finished).
+
+        A batch short of `batch_size` waits for more samples; once the source says nothing
+        more will come, it is trained on (`train_partial_last_batch`) or the loop ends."""
+        reports: list[StepReport] = []
+        while until_step is None or self.step < until_step:
+            batch = take_batch(source, self.last_sequence, self.cfg.batch_size)
+            if len(batch) < self.cfg.batch_size:
+                finished = source.finished(batch[-1].sequence if batch else self.last_sequence)
+                if not finished:
+                    time.sleep(poll_s)
+                    continue
+                if not (batch and train_partial_last_batch):
+                    if log is not None:
+                        log("stream finished before the last step")
+                    break
+            report = self.rl_step(batch, baseline_peers=source.peers(batch))
+            reports.append(report)
+            if on_report is not None:
+                on_report(report)
+        return reports
+
+    # ------------------------------------------------------------------ one RL step
     def rl_step(self, samples: Sequence[TrainingSample], *,
                 baseline_peers: Sequence[tuple[object, float]] = ()) -> StepReport:
         """One learner step on `samples` (a whole batch); returns its report.
@@ -142,49 +212,49 @@ class Learner:
             raise ValueError("rl_step: no samples")
         kept, rewards, extra = self._rewards(consumed)
         if not kept:  # every group had zero variance and was dropped: nothing to train on
-            report = StepReport(
-                step=self.step + 1,
-                mode="rl",
-                num_samples=0,
-                num_tokens=0,
-                loss=0.0,
-                policy_version=self.version,
-                metrics=extra,
-                first_seq=consumed[0].sequence,
-                last_seq=consumed[-1].sequence,
-                started_at=started,
-            )
-            return self._finish(report, consumed, updated=False)
+            return self._finish(self._report(consumed, extra, started), consumed, updated=False)
 
         batch = collate(
             kept, self.pad_id, self.device, need_topk=self.cfg.score_centering is not None
         )
         t0 = time.perf_counter()
-        proximal, reference, old_values = self._no_grad_pass(batch)
+        step = self._step_tensors(batch, rewards.to(self.device), baseline_peers)
         t_proximal = time.perf_counter() - t0
-        advantages, returns = self._advantages(batch, rewards.to(self.device), old_values,
-                                               baseline_peers)
 
         t0 = time.perf_counter()
-        totals, step_losses, grad_norms = self._update_epochs(
-            batch, proximal, reference, old_values, advantages, returns)
+        totals = _MetricMean()
+        step_losses: list[dict[str, float]] = []
+        grad_norms: list[float] = []
+        mini = self.cfg.mini_batch_size or batch.size
+        for epoch in range(self.cfg.epochs):
+            for start in range(0, batch.size, mini):
+                rows = slice(start, min(start + mini, batch.size))
+                losses, grad_norm = self._optimizer_step(
+                    step, rows, totals, first_update=epoch == 0 and start == 0)
+                step_losses.append(losses)
+                grad_norms.append(grad_norm)
         t_update = time.perf_counter() - t0
 
         metrics = {
             **totals.result(),
             **extra,
-            **self._step_metrics(batch, advantages, old_values, returns, step_losses, grad_norms),
+            **self._step_metrics(step, step_losses, grad_norms),
             "time/proximal_s": t_proximal,
             "time/update_s": t_update,
             "perf/tokens_per_s": self.cfg.epochs
             * float(batch.attention_mask_B_T.sum())
             / max(t_update, 1e-9),
         }
-        report = StepReport(
+        report = self._report(consumed, metrics, started, batch)
+        return self._finish(report, consumed, updated=True)
+
+    def _report(self, consumed: Sequence[TrainingSample], metrics: dict[str, float],
+                started: float, batch: PaddedBatch | None = None) -> StepReport:
+        return StepReport(
             step=self.step + 1,
             mode="rl",
-            num_samples=batch.size,
-            num_tokens=int(batch.loss_mask.sum().item()),
+            num_samples=0 if batch is None else batch.size,
+            num_tokens=0 if batch is None else int(batch.loss_mask_B_Tm1.sum().item()),
             loss=metrics.get("loss/policy", 0.0) + metrics.get("score_centering/loss", 0.0),
             policy_version=self.version,
             metrics=metrics,
@@ -194,27 +264,6 @@ class Learner:
             max_lag=int(metrics["lag/max"]) if "lag/max" in metrics else None,
             started_at=started,
         )
-        return self._finish(report, consumed, updated=True)
-
-    def _update_epochs(
-        self, batch: PaddedBatch, proximal: torch.Tensor, reference: torch.Tensor | None,
-        old_values: torch.Tensor | None, advantages: torch.Tensor, returns: torch.Tensor | None,
-    ) -> tuple[_MetricMean, list[dict[str, float]], list[float]]:
-        """`epochs` passes over the batch, one optimizer step per mini-batch."""
-        mini = self.cfg.mini_batch_size or batch.size
-        totals = _MetricMean()
-        step_losses: list[dict[str, float]] = []
-        grad_norms: list[float] = []
-        for epoch in range(self.cfg.epochs):
-            for start in range(0, batch.size, mini):
-                rows = slice(start, min(start + mini, batch.size))
-                losses, grad_norm = self._optimizer_step(
-                    batch, rows, proximal, reference, old_values, advantages, returns, totals,
-                    first_update=epoch == 0 and start == 0,
-                )
-                step_losses.append(losses)
-                grad_norms.append(grad_norm)
-        return totals, step_losses, grad_norms
 
     def _rewards(
         self, samples: list[TrainingSample]
@@ -241,62 +290,10 @@ class Learner:
             rewards = rewards[keep]
         return samples, rewards, extra
 
-    def _step_metrics(
-        self,
-        batch: PaddedBatch,
-        advantages: torch.Tensor,
-        old_values: torch.Tensor | None,
-        returns: torch.Tensor | None,
-        step_losses: list[dict[str, float]],
-        grad_norms: list[float],
-    ) -> dict[str, float]:
-        metrics: dict[str, float] = {}
-        for key in SUMMED_PER_OPTIMIZER_STEP:
-            values = [d[key] for d in step_losses if key in d]
-            if values:
-                metrics[key] = sum(values) / len(values)
-        adv = self._masked(advantages, batch.loss_mask)
-        metrics.update(
-            {
-                "learner/grad_norm": sum(grad_norms) / len(grad_norms),
-                "learner/grad_norm_max": max(grad_norms),
-                "learner/lr": self.optimizer.param_groups[0]["lr"],
-                "learner/optimizer_steps": float(len(grad_norms)),
-                "learner/samples": float(batch.size),
-                "learner/loss_tokens": float(batch.loss_mask.sum()),
-                "learner/tokens": float(batch.attention_mask_B_T.sum()),
-                "advantage/mean": adv.mean().item() if adv.numel() else 0.0,
-                "advantage/abs_mean": adv.abs().mean().item() if adv.numel() else 0.0,
-            }
-        )
-        lag = (self.version - batch.weights_versions)[batch.loss_mask].float()
-        if lag.numel():
-            metrics["lag/mean"], metrics["lag/max"] = lag.mean().item(), lag.max().item()
-        if old_values is not None and returns is not None:
-            metrics["critic/explained_variance"] = self._explained_variance(
-                old_values, returns, batch.loss_mask
-            )
-        return metrics
-
-    @staticmethod
-    def _masked(values: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
-        if values.dim() == 1:
-            values = values[:, None].expand_as(mask_B_T)
-        return values[mask_B_T]
-
-    @staticmethod
-    def _explained_variance(
-        values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
-    ) -> float:
-        v, r = values[mask], returns[mask]
-        if r.numel() < 2 or r.var() == 0:
-            return 0.0
-        return (1.0 - (r - v).var() / r.var()).item()
-
     @torch.no_grad()
-    def _no_grad_pass(
-        self, batch: PaddedBatch
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    def _step_tensors(self, batch: PaddedBatch, rewards_B: torch.Tensor,
+                      baseline_peers: Sequence[tuple[object, float]]) -> StepTensors:
+        """The no-grad pass at the current weights, then the advantages."""
         mb = self.cfg.micro_batch_size
         proximal, reference, values = [], [], []
         self.policy.eval()
@@ -310,11 +307,13 @@ class Learner:
                 values.append(self.critic(ids, attn).float())
         self.policy.train()
         cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
-        return cat(proximal), cat(reference), cat(values)
+        old_values = cat(values)
+        advantages, returns = self._advantages(batch, rewards_B, old_values, baseline_peers)
+        return StepTensors(batch, cat(proximal), cat(reference), old_values, advantages, returns)
 
     def _advantages(
         self, batch: PaddedBatch, rewards_B: torch.Tensor, old_values: torch.Tensor | None,
-        baseline_peers: Sequence[tuple[object, float]] = (),
+        baseline_peers: Sequence[tuple[object, float]],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         a = self.cfg.advantage
         if a.estimator != "gae":
@@ -322,7 +321,7 @@ class Learner:
                                                a.estimator, a.eps, baseline_peers)
             return advantages, None
         assert old_values is not None
-        mask = batch.loss_mask
+        mask = batch.loss_mask_B_Tm1
         token_rewards = torch.zeros_like(old_values)
         positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
         last = torch.where(mask, positions, torch.full_like(positions, -1)).amax(-1)
@@ -332,13 +331,34 @@ class Learner:
         values = torch.where(mask, old_values, torch.zeros_like(old_values))
         return gae(token_rewards, values, mask, a.gamma, a.lam, a.whiten)
 
-    def _denominators(
-        self, batch: PaddedBatch, rows: slice, proximal: torch.Tensor, first_update: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        loss_cfg = self.cfg.loss
-        mask = batch.loss_mask[rows]
+    # ------------------------------------------------------------------ one optimizer step
+    def _optimizer_step(self, step: StepTensors, rows: slice, totals: _MetricMean,
+                        first_update: bool) -> tuple[dict[str, float], float]:
+        denominators = self._denominators(step, rows, first_update)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.critic is not None:
+            self.critic_optimizer.zero_grad(set_to_none=True)
+        losses: dict[str, float] = {}
+        for start in range(rows.start, rows.stop, self.cfg.micro_batch_size):
+            micro = slice(start, min(start + self.cfg.micro_batch_size, rows.stop))
+            metrics = self.accumulate_gradients(step, micro, denominators)
+            for key in SUMMED_PER_OPTIMIZER_STEP:
+                if key in metrics:
+                    losses[key] = losses.get(key, 0.0) + metrics[key]
+            totals.add(metrics, weight=metrics.get("loss/tokens", 1.0))
+        return losses, self._clip_and_step()
+
+    def _denominators(self, step: StepTensors, rows: slice, first_update: bool) -> Denominators:
+        """Normalisers of the mini-batch `rows`, computed on all of it before its micro-batches.
+
+        With `mis` and `masked_in_denominator = False`, tokens the weights zero leave the
+        policy's denominator; at `ratio_base = current` after the first update that needs the
+        current policy's log-probs (a no-grad forward of the mini-batch)."""
+        batch, loss_cfg = step.batch, self.cfg.loss
+        mask = batch.loss_mask_B_Tm1[rows]
+        index = batch.trajectory_index_B[rows]
         if not loss_cfg.masked_in_denominator and loss_cfg.correction == "mis":
-            current = proximal[rows]
+            current = step.proximal_logprobs_B_Tm1[rows]
             if loss_cfg.ratio_base == "current" and not first_update:
                 sub = batch.rows(rows.start, rows.stop)
                 with torch.no_grad():
@@ -347,87 +367,47 @@ class Learner:
                     ).logprobs_B_T
                 current = torch.nn.functional.pad(current, (0, mask.shape[1] - current.shape[1]))
             _, keep, _, _ = behaviour_weights(
-                current, proximal[rows], batch.sampler_logprobs[rows], mask, loss_cfg
-            )
+                current, step.proximal_logprobs_B_Tm1[rows], batch.sampler_logprobs_B_Tm1[rows],
+                mask, loss_cfg)
             mask = mask & keep
-        policy_den = aggregation_denominator(mask, loss_cfg.aggregation, loss_cfg.norm_constant)
         sc = self.cfg.score_centering
-        sc_den = (
-            None
-            if sc is None
-            else aggregation_denominator(batch.loss_mask[rows], sc.aggregation, sc.norm_constant)
+        full_mask = batch.loss_mask_B_Tm1[rows]
+        return Denominators(
+            policy=aggregation_denominator(mask, loss_cfg.aggregation, loss_cfg.norm_constant,
+                                           index),
+            policy_sequence_tokens_B=self._by_row(sequence_tokens(mask, index), rows, batch.size),
+            centering=None if sc is None else aggregation_denominator(
+                full_mask, sc.aggregation, sc.norm_constant, index),
+            centering_sequence_tokens_B=self._by_row(
+                sequence_tokens(full_mask, index), rows, batch.size),
+            value=full_mask.sum().clamp(min=1),
         )
-        return policy_den, sc_den
 
-    def _optimizer_step(
-        self,
-        batch: PaddedBatch,
-        rows: slice,
-        proximal: torch.Tensor,
-        reference: torch.Tensor | None,
-        old_values: torch.Tensor | None,
-        advantages: torch.Tensor,
-        returns: torch.Tensor | None,
-        totals: _MetricMean,
-        first_update: bool,
-    ) -> tuple[dict[str, float], float]:
-        cfg = self.cfg
-        policy_den, sc_den = self._denominators(batch, rows, proximal, first_update)
-        value_den = batch.loss_mask[rows].sum().clamp(min=1)
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.critic is not None:
-            self.critic_optimizer.zero_grad(set_to_none=True)
-        losses: dict[str, float] = {}
-        for start in range(rows.start, rows.stop, cfg.micro_batch_size):
-            stop = min(start + cfg.micro_batch_size, rows.stop)
-            metrics = self.accumulate_gradients(
-                batch,
-                slice(start, stop),
-                proximal,
-                reference,
-                old_values,
-                advantages,
-                returns,
-                policy_den,
-                sc_den,
-                value_den,
-            )
-            for key in SUMMED_PER_OPTIMIZER_STEP:
-                if key in metrics:
-                    losses[key] = losses.get(key, 0.0) + metrics[key]
-            totals.add(metrics, weight=metrics.get("loss/tokens", 1.0))
-        grad_norm = self._clip_and_step()
-        return losses, grad_norm
+    @staticmethod
+    def _by_row(values: torch.Tensor, rows: slice, size: int) -> torch.Tensor:
+        out = torch.zeros(size, dtype=values.dtype, device=values.device)
+        out[rows] = values
+        return out
 
-    def accumulate_gradients(
-        self,
-        batch: PaddedBatch,
-        rows: slice,
-        proximal: torch.Tensor,
-        reference: torch.Tensor | None,
-        old_values: torch.Tensor | None,
-        advantages: torch.Tensor,
-        returns: torch.Tensor | None,
-        policy_den: torch.Tensor,
-        sc_den: torch.Tensor | None,
-        value_den: torch.Tensor,
-    ) -> dict[str, float]:
-        """Forward and backward of one micro-batch; gradients add into .grad."""
+    def accumulate_gradients(self, step: StepTensors, rows: slice,
+                             denominators: Denominators) -> dict[str, float]:
+        """Forward and backward of the micro-batch `rows`; gradients add into .grad."""
         cfg = self.cfg
-        sub = batch.rows(rows.start, rows.stop)
-        length = sub.loss_mask.shape[1]
+        sub = step.batch.rows(rows.start, rows.stop)
+        length = sub.loss_mask_B_Tm1.shape[1]
         out = policy_outputs(self.policy, sub.input_ids_B_T, sub.attention_mask_B_T)
-        adv = advantages[rows] if advantages.dim() == 1 else advantages[rows, :length]
+        advantages = step.advantages_of(rows, length)
         loss_out = policy_loss(
             out.logprobs_B_T,
-            _cut(proximal, rows, length),
-            sub.sampler_logprobs,
-            adv,
-            sub.loss_mask,
+            _cut(step.proximal_logprobs_B_Tm1, rows, length),
+            sub.sampler_logprobs_B_Tm1,
+            advantages,
+            sub.loss_mask_B_Tm1,
             cfg.loss,
-            reference_logprobs_B_T=_cut(reference, rows, length),
+            reference_logprobs_B_T=_cut(step.reference_logprobs_B_Tm1, rows, length),
             entropy_B_T=token_entropy(out.logits_B_T_V, out.logsumexp_B_T),
-            denominator=policy_den,
+            denominator=denominators.policy,
+            sequence_tokens_B=denominators.policy_sequence_tokens_B[rows],
         )
         total = loss_out.loss
         metrics = dict(loss_out.metrics)
@@ -435,47 +415,40 @@ class Learner:
             sc_out = score_centering_loss(
                 out.logits_B_T_V,
                 sub.input_ids_B_T[:, 1:],
-                sub.sampler_logprobs,
-                sub.topk_ids,
-                sub.topk_logprobs,
-                adv,
-                sub.loss_mask,
+                sub.sampler_logprobs_B_Tm1,
+                sub.topk_ids_B_Tm1_K,
+                sub.topk_logprobs_B_Tm1_K,
+                advantages,
+                sub.loss_mask_B_Tm1,
                 cfg.score_centering,
                 trainer_logsumexp_B_T=out.logsumexp_B_T,
                 compute_entropy=False,
-                denominator=sc_den,
+                denominator=denominators.centering,
+                sequence_tokens_B=denominators.centering_sequence_tokens_B[rows],
             )
             total = total + sc_out.loss
             metrics.update(sc_out.metrics)
         total.backward()
         if self.critic is not None:
-            assert old_values is not None and returns is not None
-            values = self.critic(sub.input_ids_B_T, sub.attention_mask_B_T)
-            value_loss = self._value_loss(
-                values,
-                _cut(old_values, rows, length),
-                _cut(returns, rows, length),
-                sub.loss_mask,
-                value_den,
-            )
-            (cfg.critic.loss_coef * value_loss).backward()
-            metrics["critic/loss"] = value_loss.item()
+            metrics["critic/loss"] = self._critic_backward(step, sub, rows, denominators.value)
         return metrics
 
-    def _value_loss(
-        self,
-        values: torch.Tensor,
-        old_values: torch.Tensor,
-        returns: torch.Tensor,
-        mask: torch.Tensor,
-        denominator: torch.Tensor,
-    ) -> torch.Tensor:
+    def _critic_backward(self, step: StepTensors, sub: PaddedBatch, rows: slice,
+                         denominator: torch.Tensor) -> float:
+        assert self.critic is not None
+        assert step.old_values_B_Tm1 is not None and step.returns_B_Tm1 is not None
+        length = sub.loss_mask_B_Tm1.shape[1]
+        values = self.critic(sub.input_ids_B_T, sub.attention_mask_B_T)
+        old_values = _cut(step.old_values_B_Tm1, rows, length)
+        returns = _cut(step.returns_B_Tm1, rows, length)
         error = (values - returns) ** 2
         clip = self.cfg.critic.value_clip
         if clip is not None:
             clipped = old_values + (values - old_values).clamp(-clip, clip)
             error = torch.maximum(error, (clipped - returns) ** 2)
-        return aggregate(error, mask, "token_mean", denominator=denominator)
+        value_loss = aggregate(error, sub.loss_mask_B_Tm1, "token_mean", denominator=denominator)
+        (self.cfg.critic.loss_coef * value_loss).backward()
+        return value_loss.item()
 
     def _clip_and_step(self) -> float:
         opt = self.cfg.optimizer
@@ -496,6 +469,51 @@ class Learner:
         return float(norm)
 
     # ------------------------------------------------------------------ bookkeeping
+    def _step_metrics(self, step: StepTensors, step_losses: list[dict[str, float]],
+                      grad_norms: list[float]) -> dict[str, float]:
+        batch, mask = step.batch, step.batch.loss_mask_B_Tm1
+        metrics: dict[str, float] = {}
+        for key in SUMMED_PER_OPTIMIZER_STEP:
+            values = [d[key] for d in step_losses if key in d]
+            if values:
+                metrics[key] = sum(values) / len(values)
+        adv = self._masked(step.advantages, mask)
+        metrics.update(
+            {
+                "learner/grad_norm": sum(grad_norms) / len(grad_norms),
+                "learner/grad_norm_max": max(grad_norms),
+                "learner/lr": self.optimizer.param_groups[0]["lr"],
+                "learner/optimizer_steps": float(len(grad_norms)),
+                "learner/samples": float(batch.size),
+                "learner/loss_tokens": float(mask.sum()),
+                "learner/tokens": float(batch.attention_mask_B_T.sum()),
+                "advantage/mean": adv.mean().item() if adv.numel() else 0.0,
+                "advantage/abs_mean": adv.abs().mean().item() if adv.numel() else 0.0,
+            }
+        )
+        lag = (self.version - batch.weights_versions_B_Tm1)[mask].float()
+        if lag.numel():
+            metrics["lag/mean"], metrics["lag/max"] = lag.mean().item(), lag.max().item()
+        if step.old_values_B_Tm1 is not None and step.returns_B_Tm1 is not None:
+            metrics["critic/explained_variance"] = self._explained_variance(
+                step.old_values_B_Tm1, step.returns_B_Tm1, mask)
+        return metrics
+
+    @staticmethod
+    def _masked(values: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
+        if values.dim() == 1:
+            values = values[:, None].expand_as(mask_B_T)
+        return values[mask_B_T]
+
+    @staticmethod
+    def _explained_variance(
+        values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
+    ) -> float:
+        v, r = values[mask], returns[mask]
+        if r.numel() < 2 or r.var() == 0:
+            return 0.0
+        return (1.0 - (r - v).var() / r.var()).item()
+
     def _finish(
         self, report: StepReport, consumed: Sequence[TrainingSample], updated: bool
     ) -> StepReport:
@@ -533,24 +551,3 @@ class Learner:
         )
         self.version += 1
         return path
-
-    def run(
-        self,
-        source: SampleSource,
-        max_steps: int | None = None,
-        poll_s: float = 0.5,
-        stop_when_finished: bool = True,
-    ) -> list[StepReport]:
-        """Consume `source` batch by batch from `last_sequence`; a partial batch is trained on
-        only when the source says nothing more will come."""
-        reports = []
-        while max_steps is None or len(reports) < max_steps:
-            batch = take_batch(source, self.last_sequence, self.cfg.batch_size)
-            finished = source.finished(batch[-1].sequence if batch else self.last_sequence)
-            if not batch or (len(batch) < self.cfg.batch_size and not finished):
-                if finished and stop_when_finished:
-                    break
-                time.sleep(poll_s)
-                continue
-            reports.append(self.rl_step(batch))
-        return reports

@@ -152,6 +152,18 @@ def softmax(row: list[float]) -> list[float]:
     return [x / z for x in e]
 
 
+def weight_function(r: float, cfg) -> float:
+    """f(r) of a behaviour weight: none 1, tis clip(r, low, high), mis r inside [low, high]."""
+    if cfg.weight == "none":
+        return 1.0
+    if cfg.weight == "tis":
+        w = r if cfg.weight_high is None else min(r, cfg.weight_high)
+        return w if cfg.weight_low is None else max(w, cfg.weight_low)
+    lo = 0.0 if cfg.weight_low is None else cfg.weight_low
+    hi = math.inf if cfg.weight_high is None else cfg.weight_high
+    return r if lo <= r <= hi else 0.0
+
+
 def score_centering_reference(logits, sampled, mu_logp, topk_ids, topk_logp, adv, mask, cfg):
     """(loss, grad wrt logits) of the score-centering term, position by position."""
     B, T, V = len(logits), len(logits[0]), len(logits[0][0])
@@ -170,25 +182,16 @@ def score_centering_reference(logits, sampled, mu_logp, topk_ids, topk_logp, adv
             ]
             tail_mu = max(0.0, 1.0 - sum(m for _, m in head))
             tail_pi = max(1e-6, 1.0 - sum(pi[v] for v, _ in head))
-            c = {v: m - tail_mu / tail_pi * pi[v] for v, m in head}
-            rho = pi[sampled[b][t]] / math.exp(mu_logp[b][t])
-            if cfg.weight == "none":
-                w = 1.0
-            elif cfg.weight == "tis":
-                w = min(rho, cfg.weight_high)
-                if cfg.weight_low is not None:
-                    w = max(w, cfg.weight_low)
-            else:
-                lo = 0.0 if cfg.weight_low is None else cfg.weight_low
-                hi = math.inf if cfg.weight_high is None else cfg.weight_high
-                w = rho if lo <= rho <= hi else 0.0
+            rho = tail_mu / tail_pi
+            alpha = rho * weight_function(1.0 / rho, cfg) if tail_mu > 0 else 0.0
+            c = {v: m * weight_function(pi[v] / m, cfg) - alpha * pi[v] for v, m in head}
             a = adv[b][t]
-            value = w * a * sum(cv * math.log(pi[v]) for v, cv in c.items())
+            value = a * sum(cv * math.log(pi[v]) for v, cv in c.items())
             loss += coefs_agg[b][t] * value
             c_total = sum(c.values())
             for j in range(V):
                 d = -pi[j] * c_total + c.get(j, 0.0)
-                grads[b][t][j] = coefs_agg[b][t] * w * a * d
+                grads[b][t][j] = coefs_agg[b][t] * a * d
     return loss, grads
 
 

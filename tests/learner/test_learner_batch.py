@@ -110,15 +110,15 @@ def test_take_batch_extends_to_finish_the_last_group():
 
 def test_collate_pads_right_and_shifts_per_token_data():
     batch = collate([_sample(6, topk=2), _sample(4, topk=2)], pad_id=0, need_topk=True)
-    assert batch.input_ids_B_T.shape == (2, 6) and batch.loss_mask.shape == (2, 5)
+    assert batch.input_ids_B_T.shape == (2, 6) and batch.loss_mask_B_Tm1.shape == (2, 5)
     assert batch.attention_mask_B_T[1].tolist() == [1, 1, 1, 1, 0, 0]
     # shifted: entry j is token j + 1, so the first loss token (position 2) is entry 1
-    assert batch.loss_mask[0].tolist() == [False, True, True, True, True]
-    assert batch.loss_mask[1].tolist() == [False, True, True, False, False]
-    assert torch.all(batch.sampler_logprobs[batch.loss_mask] == -0.5)
-    assert batch.topk_ids.shape == (2, 5, 2) and torch.isinf(batch.topk_logprobs[1, -1]).all()
+    assert batch.loss_mask_B_Tm1[0].tolist() == [False, True, True, True, True]
+    assert batch.loss_mask_B_Tm1[1].tolist() == [False, True, True, False, False]
+    assert torch.all(batch.sampler_logprobs_B_Tm1[batch.loss_mask_B_Tm1] == -0.5)
+    assert batch.topk_ids_B_Tm1_K.shape == (2, 5, 2) and torch.isinf(batch.topk_logprobs_B_Tm1_K[1, -1]).all()
     sub = batch.rows(1, 2)
-    assert sub.input_ids_B_T.shape == (1, 4) and sub.loss_mask.shape == (1, 3)
+    assert sub.input_ids_B_T.shape == (1, 4) and sub.loss_mask_B_Tm1.shape == (1, 3)
 
 
 def test_demonstration_is_a_sample_with_its_own_group():

@@ -11,6 +11,7 @@ from learner_reference_impl import (
     agg_coefficients,
     policy_loss_reference,
     score_centering_reference,
+    weight_function,
 )
 
 from learner.advantages import outcome_advantages
@@ -19,8 +20,10 @@ from learner.losses import (
     PolicyLossConfig,
     ScoreCenteringConfig,
     aggregate,
+    aggregation_denominator,
     policy_loss,
     score_centering_loss,
+    sequence_tokens,
 )
 
 DT = torch.float64
@@ -361,12 +364,15 @@ def test_score_centering_matches_reference(weight, aggregation):
             assert key in out.metrics
 
 
-def _expected_centered_gradient(logits_V, mu_V, head_ids, head_logp):
-    """E_{y ~ mu} of grad_logits [reinforce(y) + score centering(y)] with A = 1, exactly."""
+def _expected_centered_gradient(logits_V, mu_V, head_ids, head_logp, sc=None):
+    """E_{y ~ mu} of grad_logits [weighted reinforce(y) + score centering(y)], A = 1, exactly.
+
+    The policy term carries the same weight function as the centering term (`sc.weight`)."""
+    sc = sc or ScoreCenteringConfig()
     V = logits_V.shape[0]
     total = torch.zeros(V, dtype=DT)
-    rf = PolicyLossConfig(surrogate="reinforce")
-    sc = ScoreCenteringConfig()
+    rf = PolicyLossConfig(surrogate="reinforce", correction=sc.weight,
+                          correction_low=sc.weight_low, correction_high=sc.weight_high)
     mask = torch.ones(1, 1)
     for y in range(V):
         x = logits_V.clone()[None, None].requires_grad_(True)
@@ -391,20 +397,43 @@ def _expected_centered_gradient(logits_V, mu_V, head_ids, head_logp):
     return total
 
 
-def test_score_centering_expected_gradient_is_zero_when_head_covers_the_vocabulary():
+WEIGHTED_CENTERING = [
+    ScoreCenteringConfig(),
+    ScoreCenteringConfig(weight="tis", weight_high=1.3),
+    ScoreCenteringConfig(weight="tis", weight_low=0.8, weight_high=1.5),
+    ScoreCenteringConfig(weight="mis", weight_low=0.6, weight_high=1.6),
+]
+
+
+@pytest.mark.parametrize("sc", WEIGHTED_CENTERING, ids=lambda c: f"{c.weight}-{c.weight_low}")
+def test_score_centering_expected_gradient_is_zero_when_head_covers_the_vocabulary(sc):
     g = torch.Generator().manual_seed(3)
     V = 7
     logits = torch.randn(V, generator=g, dtype=DT)
     mu = torch.softmax(logits + torch.randn(V, generator=g, dtype=DT), -1)
+    ratios = torch.softmax(logits, -1) / mu
+    if sc.weight != "none":  # the weights are really active at this draw
+        assert ((ratios > sc.weight_high) | (ratios < (sc.weight_low or 0))).any()
     ids = torch.randperm(V, generator=g)
-    expected = _expected_centered_gradient(logits, mu, ids, torch.log(mu[ids]))
+    expected = _expected_centered_gradient(logits, mu, ids, torch.log(mu[ids]), sc)
     torch.testing.assert_close(expected, torch.zeros(V, dtype=DT), atol=1e-12, rtol=0)
-    # without the centering term the same expectation is the drift E_mu[score] != 0
-    drift = torch.softmax(logits, -1) - mu
+    # without the centering term the same expectation is the weighted drift, which is not zero
+    drift = _expected_weighted_score(logits, mu, sc)
     assert drift.abs().max() > 1e-2
 
 
-def test_score_centering_is_exact_when_the_sampler_tail_is_the_rescaled_trainer_tail():
+def _expected_weighted_score(logits_V, mu_V, sc):
+    """E_{y ~ mu}[f(pi(y)/mu(y)) grad_logits log pi(y)], by enumeration."""
+    pi = torch.softmax(logits_V, -1)
+    total = torch.zeros_like(pi)
+    for y in range(pi.shape[0]):
+        f = weight_function((pi[y] / mu_V[y]).item(), sc)
+        total += mu_V[y] * f * (torch.nn.functional.one_hot(torch.tensor(y), pi.shape[0]) - pi)
+    return total
+
+
+@pytest.mark.parametrize("sc", WEIGHTED_CENTERING, ids=lambda c: f"{c.weight}-{c.weight_low}")
+def test_score_centering_is_exact_when_the_sampler_tail_is_the_rescaled_trainer_tail(sc):
     g = torch.Generator().manual_seed(4)
     V, K = 8, 3
     logits = torch.randn(V, generator=g, dtype=DT)
@@ -414,7 +443,7 @@ def test_score_centering_is_exact_when_the_sampler_tail_is_the_rescaled_trainer_
     mu = torch.empty(V, dtype=DT)
     mu[head] = torch.tensor([0.3, 0.25, 0.15], dtype=DT)
     mu[tail] = pi[tail] / pi[tail].sum() * (1 - mu[head].sum())
-    expected = _expected_centered_gradient(logits, mu, head, torch.log(mu[head]))
+    expected = _expected_centered_gradient(logits, mu, head, torch.log(mu[head]), sc)
     torch.testing.assert_close(expected, torch.zeros(V, dtype=DT), atol=1e-12, rtol=0)
     assert K == head.numel()
 
@@ -439,3 +468,25 @@ def test_score_centering_with_trainer_logsumexp_matches_and_rejects_bad_topk():
     assert "score_centering/entropy" not in b.metrics
     with pytest.raises(ValueError, match="logprobs_topk"):
         score_centering_loss(logits, sampled, mu_logp, top_ids[..., :2], top_lp, adv, mask, cfg)
+
+
+@pytest.mark.parametrize("mode", ["seq_mean_token_mean", "seq_mean_token_sum", "seq_sum_norm"])
+def test_a_trajectory_split_into_rows_counts_as_one_sequence(mode):
+    """Two rows of one trajectory aggregate exactly like that trajectory in one row."""
+    g = torch.Generator().manual_seed(11)
+    whole = torch.randn(1, 10, generator=g, dtype=DT)
+    other = torch.randn(1, 10, generator=g, dtype=DT)
+    mask_whole = torch.tensor([[0, 1, 1, 1, 0, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    mask_other = torch.tensor([[0, 1, 1, 0, 0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    one_row = torch.cat([whole, other]), torch.cat([mask_whole, mask_other])
+    # the same trajectory as two segments (rows 0 and 1), the other trajectory in row 2
+    split = torch.cat([whole[:, :5], whole[:, 5:], other[:, :5]])
+    split_mask = torch.cat([mask_whole[:, :5], mask_whole[:, 5:], mask_other[:, :5]])
+    index = torch.tensor([0, 0, 1])
+    want = aggregate(*one_row, mode, norm_constant=8.0)
+    got = aggregate(split, split_mask, mode, 8.0,
+                    denominator=aggregation_denominator(split_mask, mode, 8.0, index),
+                    sequence_tokens_B=sequence_tokens(split_mask, index))
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    rows_as_sequences = aggregate(split, split_mask, mode, 8.0)
+    assert rows_as_sequences.item() != pytest.approx(want.item(), rel=1e-6)

@@ -45,7 +45,7 @@ def _sequence_logprobs(learner: Learner, samples) -> torch.Tensor:
         lp = policy_outputs(
             learner.policy, batch.input_ids_B_T, batch.attention_mask_B_T
         ).logprobs_B_T
-    mask = batch.loss_mask.float()
+    mask = batch.loss_mask_B_Tm1.float()
     return (lp * mask).sum(-1) / mask.sum(-1)
 
 
@@ -106,25 +106,13 @@ def _gradients(learner: Learner, samples, micro: int, mini: int | None = None):
     cfg = learner.cfg.model_copy(update={"micro_batch_size": micro})
     learner.cfg = cfg
     batch = collate(samples, learner.pad_id, need_topk=cfg.score_centering is not None)
-    proximal, reference, values = learner._no_grad_pass(batch)
     rewards = torch.tensor([s.reward for s in samples])
-    advantages, returns = learner._advantages(batch, rewards, values)
-    rows = slice(0, batch.size)
-    policy_den, sc_den = learner._denominators(batch, rows, proximal, first_update=True)
+    step = learner._step_tensors(batch, rewards, ())
+    denominators = learner._denominators(step, slice(0, batch.size), first_update=True)
     learner.policy.zero_grad(set_to_none=True)
     for start in range(0, batch.size, micro):
-        learner.accumulate_gradients(
-            batch,
-            slice(start, min(start + micro, batch.size)),
-            proximal,
-            reference,
-            values,
-            advantages,
-            returns,
-            policy_den,
-            sc_den,
-            batch.loss_mask.sum(),
-        )
+        learner.accumulate_gradients(step, slice(start, min(start + micro, batch.size)),
+                                     denominators)
     return [p.grad.clone() for p in learner.policy.parameters() if p.grad is not None]
 
 

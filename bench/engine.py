@@ -123,6 +123,7 @@ def main() -> None:
     from engine.checkpoint import load_model
     from engine.core import Engine
     from engine.launch import EngineProcess
+    from stalewise.engine_config import EngineServerConfig
     from engine.tiny import init_tiny
 
     hf_logging.disable_progress_bar()
@@ -137,7 +138,8 @@ def main() -> None:
         core.start()
         results: dict[int, dict[str, list[float]]] = {
             b: {"http": [], "core": [], "hf": []} for b in sessions}
-        with EngineProcess.start(model_dir, threads=args.threads, max_batch=max(sessions)) as server:
+        config = EngineServerConfig(threads=args.threads, max_batch=max(sessions))
+        with EngineProcess.start(model_dir, config) as server:
             for b in sessions:  # warm-up
                 anyio.run(http_rate, server.url, b, args.prompt, 8, vocab, 0)
                 core_rate(core, b, args.prompt, 8, 0)

@@ -35,7 +35,8 @@ def build_samples(
 ) -> list:
     """Random token sequences with the model's own top-k as the sampler's, perturbed."""
     from learner.batch import TrainingSample
-    from learner.model import load_policy, load_tokenizer
+    from learner.model import load_policy
+    from stalewise.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     policy = load_policy(model_dir)

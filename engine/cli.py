@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
 
+from stalewise.engine_config import EngineServerConfig
+
 engine_app = typer.Typer(no_args_is_help=True)
 model_app = typer.Typer(no_args_is_help=True)
+
+
+def _help(field: str) -> str:
+    info = EngineServerConfig.model_fields[field]
+    return f"{info.description} (default {info.default})"
+
+
+def _server_config(path: Path | None, overrides: dict) -> EngineServerConfig:
+    """The engine's config: the JSON file (or the defaults) with the given fields replaced."""
+    from stalewise.config_errors import validate
+
+    data = json.loads(path.read_text()) if path is not None else {}
+    return validate(EngineServerConfig, {**data, **overrides}, str(path or "engine flags"))
 
 
 @engine_app.callback()
@@ -31,29 +47,33 @@ def serve_command(
     host: str = typer.Option("127.0.0.1", help="interface to bind"),
     port_file: Path | None = typer.Option(None, help="write the bound port here once listening"),
     initial_version: int = typer.Option(0, help="policy version of the weights in --model"),
-    max_batch: int = typer.Option(64, min=1, help="sequences decoded together at most"),
-    session_cache_mb: float = typer.Option(256.0, min=0.0, help="KV kept for sessions between turns"),
     seed: int = typer.Option(0, help="seed of the sampler for requests without their own seed"),
-    threads: int = typer.Option(1, min=1, help="torch CPU threads (1 is fastest for tiny models)"),
-    max_model_len: int | None = typer.Option(
-        None, min=2, help="context length cap (default: the model's); bounds KV memory"),
-    served_model_name: str | None = typer.Option(None, help="name in /v1/models (default: --model)"),
-    log_level: str = typer.Option("warning", help="uvicorn log level"),
-    max_resident_versions: int = typer.Option(
-        4, min=1, help="weights versions held at once for pinned requests (mode=pin)"),
+    config: Path | None = typer.Option(
+        None, help="EngineServerConfig as JSON (the job writes engine.json); flags override it"),
+    max_batch: int | None = typer.Option(None, min=1, help=_help("max_batch")),
+    session_cache_mb: float | None = typer.Option(None, min=0.0, help=_help("session_cache_mb")),
+    threads: int | None = typer.Option(None, min=1, help=_help("threads")),
+    max_model_len: int | None = typer.Option(None, min=2, help=_help("max_model_len")),
+    served_model_name: str | None = typer.Option(None, help=_help("served_model_name")),
+    log_level: str | None = typer.Option(None, help=_help("log_level")),
+    max_resident_versions: int | None = typer.Option(
+        None, min=1, help=_help("max_resident_versions")),
 ) -> None:
     """Serve MODEL over HTTP: vLLM-compatible /v1/completions plus the stalewise routes."""
     from engine.checkpoint import CheckpointError, read_config
+    from stalewise.config_errors import ConfigError
 
+    flags = dict(max_batch=max_batch, session_cache_mb=session_cache_mb, threads=threads,
+                 max_model_len=max_model_len, served_model_name=served_model_name,
+                 log_level=log_level, max_resident_versions=max_resident_versions)
     try:
+        cfg = _server_config(config, {k: v for k, v in flags.items() if v is not None})
         read_config(model)  # fail fast, before importing torch
         from engine.server import serve
 
-        serve(model, host=host, port=port, port_file=port_file, version=initial_version,
-              max_batch=max_batch, session_cache_mb=session_cache_mb, seed=seed, threads=threads,
-              max_model_len=max_model_len, served_model_name=served_model_name,
-              log_level=log_level, max_resident_versions=max_resident_versions)
-    except CheckpointError as exc:
+        serve(model, cfg, host=host, port=port, port_file=port_file, version=initial_version,
+              seed=seed)
+    except (CheckpointError, ConfigError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
     except OSError as exc:  # port in use, unreadable files

@@ -84,10 +84,13 @@ from engine.versions import (
     plan_residency,
 )
 
+from stalewise.engine_config import EngineServerConfig
+
 log = logging.getLogger("stalewise.engine")
 
 TokenListener = Callable[[TokenEvent], None]
 UPDATE_MODES = ("inflight", "drain", "pin")
+DEFAULTS = EngineServerConfig()  # the one home of the engine's defaults
 MAX_GONE_REASONS = 256  # why recent versions left, for error messages
 
 
@@ -149,10 +152,12 @@ def _copy_outcome(source: Future, target: Future) -> None:
 class Engine:
     """Continuous-batching engine over one Hugging Face checkpoint (see module docstring)."""
 
-    def __init__(self, model_dir: str | Path, *, version: int = 0, max_batch: int = 64,
-                 session_budget_mb: float = 256.0, seed: int = 0,
-                 max_prefill_tokens: int = 4096, max_model_len: int | None = None,
-                 engine_id: str | None = None, max_resident_versions: int = 4) -> None:
+    def __init__(self, model_dir: str | Path, *, version: int = 0,
+                 max_batch: int = DEFAULTS.max_batch,
+                 session_cache_mb: float = DEFAULTS.session_cache_mb, seed: int = 0,
+                 max_prefill_tokens: int = DEFAULTS.max_prefill_tokens,
+                 max_model_len: int | None = None, engine_id: str | None = None,
+                 max_resident_versions: int = DEFAULTS.max_resident_versions) -> None:
         if max_resident_versions < 1:
             raise ValueError(f"max_resident_versions must be >= 1, got {max_resident_versions}")
         self.model_dir = Path(model_dir)
@@ -172,7 +177,8 @@ class Engine:
         self.version = version
         self.resident_versions: tuple[int, ...] = (version,)  # published copy for other threads
         self.metrics = EngineMetrics()
-        self.sessions = SessionStore(int(session_budget_mb * 2**20))
+        self.session_cache_mb = session_cache_mb
+        self.sessions = SessionStore(int(session_cache_mb * 2**20))
         self._session_pins: dict[str, int] = {}   # live sessions pinned to a version
         self._kv_policy: KvPolicy = "recompute"   # of the last update: reuse of older caches
         self._gone: dict[int, str] = {}           # version -> why it is no longer resident

@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 
 from stalewise.children import child_env, death_signal_hook, python_command
+from stalewise.engine_config import EngineServerConfig
 
 
 class LaunchError(RuntimeError):
@@ -127,25 +128,23 @@ class EngineProcess:
         return self._child.process.poll()
 
     @classmethod
-    def start(cls, model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 0,
-              initial_version: int = 0, max_batch: int = 64, session_cache_mb: float = 256.0,
-              seed: int = 0, threads: int = 1, max_model_len: int | None = None,
-              served_model_name: str | None = None, log_path: str | Path | None = None,
-              startup_timeout: float = 120.0, env: dict[str, str] | None = None,
-              max_resident_versions: int = 4) -> EngineProcess:
+    def start(cls, model_dir: str | Path, config: EngineServerConfig | None = None, *,
+              host: str = "127.0.0.1", port: int = 0, initial_version: int = 0, seed: int = 0,
+              config_path: str | Path | None = None, log_path: str | Path | None = None,
+              startup_timeout: float = 120.0,
+              env: dict[str, str] | None = None) -> EngineProcess:
+        """Start `python -m engine serve`; the child reads `config` (default: the defaults)
+        from one JSON file, written to `config_path` (default: the launcher's temp dir)."""
         workdir = Path(tempfile.mkdtemp(prefix="stalewise-engine-"))
         port_file = workdir / "port"
         log = Path(log_path) if log_path is not None else workdir / "engine.log"
+        config_file = Path(config_path) if config_path is not None else workdir / "engine.json"
+        config_file.write_text((config or EngineServerConfig()).model_dump_json(indent=2))
         command = python_command(
             "-m", "engine", "serve", "--model", str(model_dir), "--host", host,
             "--port", str(port), "--port-file", str(port_file),
-            "--initial-version", str(initial_version), "--max-batch", str(max_batch),
-            "--session-cache-mb", str(session_cache_mb), "--seed", str(seed),
-            "--threads", str(threads), "--max-resident-versions", str(max_resident_versions))
-        if served_model_name:
-            command += ["--served-model-name", served_model_name]
-        if max_model_len:
-            command += ["--max-model-len", str(max_model_len)]
+            "--initial-version", str(initial_version), "--seed", str(seed),
+            "--config", str(config_file))
         with open(log, "ab") as log_file:
             process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=child_env(env),

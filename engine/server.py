@@ -18,6 +18,7 @@ a failed engine answers 503 on every route, including /health.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import uuid
@@ -52,6 +53,8 @@ from engine.protocol import (
     generate_reply,
 )
 from engine.requests import EngineStopped, RequestError, SamplingSpec
+from stalewise.engine_config import EngineServerConfig
+from stalewise.tokenizer import has_tokenizer, load_tokenizer
 
 RPC_METHODS = ("stalewise_load_checkpoint", "stalewise_weights_version")
 
@@ -128,10 +131,21 @@ class EngineApp:
             "model_dir": str(self.engine.model_dir), "weights_path": self.engine.weights_path,
             "weights_version": self.engine.version, "max_model_len": self.engine.max_len,
             "vocab_size": self.engine.vocab_size, "eos_token_ids": sorted(self.engine.eos_ids),
-            "max_batch": self.engine.max_batch, "paused": self.engine.paused,
+            "paused": self.engine.paused,
             "resident_versions": list(self.engine.resident_versions),
-            "max_resident_versions": self.engine.max_resident_versions,
+            "config": self._config(),
         })
+
+    def _config(self) -> dict:
+        """The EngineServerConfig fields as the running engine holds them."""
+        import torch
+
+        engine = self.engine
+        return {"max_batch": engine.max_batch, "session_cache_mb": engine.session_cache_mb,
+                "max_resident_versions": engine.max_resident_versions,
+                "max_model_len": engine.max_len, "max_prefill_tokens": engine.max_prefill_tokens,
+                "threads": torch.get_num_threads(), "served_model_name": self.model_name,
+                "log_level": logging.getLevelName(logging.getLogger("uvicorn.error").level).lower()}
 
     async def health(self, request: Request) -> Response:
         self._check_alive()
@@ -232,29 +246,26 @@ def build_app(engine: Engine, *, model_name: str, tokenizer: Any | None = None,
 
 
 def _load_tokenizer(model_dir: Path) -> Any | None:
-    if not (model_dir / "tokenizer.json").is_file() and not (model_dir / "tokenizer_config.json").is_file():
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_dir))
+    return load_tokenizer(model_dir) if has_tokenizer(model_dir) else None
 
 
-def serve(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
-          port_file: str | Path | None = None, version: int = 0, max_batch: int = 64,
-          session_cache_mb: float = 256.0, seed: int = 0, threads: int = 1,
-          max_model_len: int | None = None, served_model_name: str | None = None,
-          log_level: str = "warning", max_resident_versions: int = 4) -> None:
+def serve(model_dir: str | Path, cfg: EngineServerConfig | None = None, *,
+          host: str = "127.0.0.1", port: int = 8000, port_file: str | Path | None = None,
+          version: int = 0, seed: int = 0) -> None:
     """Load the model, bind the port (0 = any free port, written to `port_file`), serve."""
     import torch
     import uvicorn
     from transformers.utils import logging as hf_logging
 
+    cfg = cfg or EngineServerConfig()
     hf_logging.disable_progress_bar()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(cfg.threads)
     model_dir = Path(model_dir)
-    engine = Engine(model_dir, version=version, max_batch=max_batch,
-                    session_budget_mb=session_cache_mb, seed=seed, max_model_len=max_model_len,
-                    max_resident_versions=max_resident_versions)
+    engine = Engine(model_dir, version=version, max_batch=cfg.max_batch,
+                    session_cache_mb=cfg.session_cache_mb, seed=seed,
+                    max_prefill_tokens=cfg.max_prefill_tokens, max_model_len=cfg.max_model_len,
+                    max_resident_versions=cfg.max_resident_versions)
+    served_model_name, log_level = cfg.served_model_name, cfg.log_level
     app = build_app(engine, model_name=served_model_name or str(model_dir),
                     tokenizer=_load_tokenizer(model_dir))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -184,23 +184,6 @@ def gae(
     return advantages, returns
 
 
-def overlong_penalty(
-    lengths_B: torch.Tensor, max_len: int, cache_len: int, factor: float = 1.0
-) -> torch.Tensor:
-    """DAPO soft overlong punishment: 0 up to max_len - cache_len, then linear to -factor at
-    max_len, -factor beyond."""
-    if not 0 < cache_len <= max_len:
-        raise ValueError(
-            f"overlong_penalty: need 0 < cache_len <= max_len, got cache_len="
-            f"{cache_len}, max_len={max_len}"
-        )
-    lengths = lengths_B.to(torch.float32)
-    start = float(max_len - cache_len)
-    ramp = (start - lengths) / cache_len * factor
-    penalty = torch.where(lengths <= start, torch.zeros_like(lengths), ramp)
-    return torch.where(lengths > max_len, torch.full_like(lengths, -factor), penalty)
-
-
 def zero_variance_groups(rewards_B: torch.Tensor, group_ids_B: GroupIds) -> torch.Tensor:
     """keep_B: True for members of groups whose rewards are not all equal.
 

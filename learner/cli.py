@@ -27,7 +27,8 @@ def _quiet_transformers() -> None:
 
 
 def load_learner_config(path: Path | None, overrides: dict | None = None) -> LearnerConfig:
-    """LearnerConfig from a TOML file (top level, or its [learner] table) plus overrides."""
+    """LearnerConfig from a TOML or JSON file (top level, or its [learner] table) plus
+    overrides (dotted keys; None leaves the file's value)."""
     from pydantic import ValidationError
 
     from learner.config import LearnerConfig
@@ -36,11 +37,12 @@ def load_learner_config(path: Path | None, overrides: dict | None = None) -> Lea
     data: dict = {}
     if path is not None:
         try:
-            data = tomllib.loads(path.read_text())
+            text = path.read_text()
+            data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
         except FileNotFoundError:
             raise typer.BadParameter(f"{path}: file not found") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise typer.BadParameter(f"{path}: not valid TOML: {exc}") from None
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+            raise typer.BadParameter(f"{path}: not valid TOML or JSON: {exc}") from None
         data = data.get("learner", data)
     for dotted, value in (overrides or {}).items():
         if value is None:
@@ -139,12 +141,12 @@ def sft_command(
     suite: str | None = typer.Option(
         None, help="use a task family's demonstrations instead (entry point or file.py:attr)"),
     options: str = typer.Option("{}", help="JSON options for the --suite family"),
-    count: int = typer.Option(64, help="demonstrations to take from --suite"),
-    wrong_fraction: float = typer.Option(0.0, help="share of deliberately wrong demonstrations"),
+    count: int | None = typer.Option(None, help="override sft.demonstrations (from --suite)"),
+    wrong_fraction: float | None = typer.Option(None, help="override sft.wrong_fraction"),
     chat_format: str = typer.Option("auto", help="auto | hermes | template"),
     tool_listing: str = typer.Option("json", help="json | names | none"),
     seed: int | None = typer.Option(None, help="override sft.seed"),
-    config: Path | None = typer.Option(None, help="TOML learner config (its [sft] table)"),
+    config: Path | None = typer.Option(None, help="TOML or JSON learner config (its [sft] table)"),
     steps: int | None = typer.Option(None, help="override sft.steps"),
     lr: float | None = typer.Option(None, help="override sft.lr"),
     batch_size: int | None = typer.Option(None, help="override sft.batch_size"),
@@ -161,7 +163,8 @@ def sft_command(
     if (data is not None) + (synthetic > 0) + (suite is not None) != 1:
         raise typer.BadParameter("give exactly one of --data FILE, --synthetic N or --suite NAME")
     cfg = load_learner_config(
-        config, {"sft.steps": steps, "sft.lr": lr, "sft.batch_size": batch_size, "sft.seed": seed}
+        config, {"sft.steps": steps, "sft.lr": lr, "sft.batch_size": batch_size, "sft.seed": seed,
+                 "sft.demonstrations": count, "sft.wrong_fraction": wrong_fraction}
     )
     sinks = make_sinks([m for m in metrics.split(",") if m], out.parent / f"{out.name}-logs")
     try:
@@ -169,9 +172,10 @@ def sft_command(
         if data is not None:
             demos = _read_demonstrations(data)
         elif suite is not None:
-            demos = _suite_demonstrations(suite, count, learner.tokenizer, cfg.sft.seed,
-                                          options=json.loads(options),
-                                          wrong_fraction=wrong_fraction, chat_format=chat_format,
+            demos = _suite_demonstrations(suite, cfg.sft.demonstrations, learner.tokenizer,
+                                          cfg.sft.seed, options=json.loads(options),
+                                          wrong_fraction=cfg.sft.wrong_fraction,
+                                          chat_format=chat_format,
                                           tool_listing=tool_listing)
         else:
             demos = tool_call_demonstrations(learner.tokenizer, synthetic, seed=cfg.sft.seed)
@@ -213,7 +217,8 @@ def synth_data_command(
     from dataclasses import replace
 
     from learner.batch import write_jsonl
-    from learner.model import load_policy, load_tokenizer
+    from learner.model import load_policy
+    from stalewise.tokenizer import load_tokenizer
     from learner.synthetic import sample_rl_batch, tool_call_demonstrations
 
     tokenizer = load_tokenizer(model)

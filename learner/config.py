@@ -11,9 +11,11 @@ aggregation.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from stalewise.config_base import ConfigSection as _Strict
 
 Surrogate = Literal["reinforce", "ppo", "gspo", "gspo_token", "cispo"]
 Correction = Literal["none", "tis", "mis"]
@@ -23,10 +25,6 @@ Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
 KlEstimator = Literal["k1", "k3"]
 Estimator = Literal["grpo", "dr_grpo", "rloo", "gae"]
 OutcomeEstimator = Literal["grpo", "dr_grpo", "rloo"]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _check_norm_constant(owner: str, aggregation: str, norm_constant: float | None) -> None:
@@ -156,26 +154,17 @@ class ScoreCenteringConfig(_Strict):
         return self
 
 
-class OverlongConfig(_Strict):
-    """DAPO soft overlong punishment added to the outcome reward."""
-
-    max_len: int = Field(..., gt=0, description="completion tokens at which the penalty is -factor")
-    cache_len: int = Field(
-        ..., gt=0, description="the penalty ramps over the last cache_len tokens"
-    )
-    factor: float = Field(1.0, ge=0.0)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> OverlongConfig:
-        if self.cache_len > self.max_len:
-            raise ValueError(
-                f"OverlongConfig: cache_len ({self.cache_len}) must not exceed "
-                f"max_len ({self.max_len})"
-            )
-        return self
-
-
 class AdvantageConfig(_Strict):
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "overlong" in data:
+            raise ValueError(
+                "learner.advantage.overlong moved to [admission]: overlong = 'penalize', "
+                "overlong_cache_len and overlong_factor (the penalty is judged against each "
+                "task's token budget and recorded in the admission decision)")
+        return data
+
     estimator: Estimator = Field(
         "grpo", description="grpo | dr_grpo | rloo | gae (needs the critic)"
     )
@@ -183,7 +172,6 @@ class AdvantageConfig(_Strict):
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="gae discount")
     lam: float = Field(1.0, ge=0.0, le=1.0, description="gae lambda")
     whiten: bool = Field(True, description="gae: whiten advantages over the batch's loss tokens")
-    overlong: OverlongConfig | None = Field(None, description="DAPO overlong penalty; None = off")
     drop_zero_variance_groups: bool = Field(
         False, description="drop groups whose rewards are all equal before the update"
     )
@@ -208,9 +196,15 @@ class CriticConfig(_Strict):
 
 
 class SftConfig(_Strict):
+    """Supervised fine-tuning: the job's warm start (`enabled`) on the task family's
+    demonstrations, and `stalewise learner sft`."""
+
+    enabled: bool = Field(False, description="warm-start a job by SFT before RL")
+    demonstrations: int = Field(256, ge=1, description="demonstrations the warm start takes")
+    wrong_fraction: float = Field(0.0, ge=0.0, le=1.0, description="share of wrong demonstrations")
     lr: float = Field(3e-3, gt=0.0)
-    steps: int = Field(100, ge=1)
-    batch_size: int = Field(8, ge=1, description="demonstrations per optimizer step")
+    steps: int = Field(200, ge=1)
+    batch_size: int = Field(16, ge=1, description="demonstrations per optimizer step")
     micro_batch_size: int = Field(8, ge=1)
     max_grad_norm: float | None = Field(1.0, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -30,25 +29,6 @@ def load_policy(path: str | Path, device: str = "cpu", dtype: str = "float32") -
         )
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
     return model.to(device)
-
-
-def load_tokenizer(path: str | Path) -> Any:
-    """The checkpoint's tokenizer exactly as its tokenizer.json defines it.
-
-    transformers 5's AutoTokenizer picks the tokenizer class from config.json's model_type and
-    may rebuild the pre-tokenizer (Qwen2's byte-level one drops the tiny character
-    tokenizer's whitespace); a checkpoint whose tokenizer_config names the generic backend
-    class is therefore loaded with that class.
-    """
-    import json
-
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    config_path = Path(path) / "tokenizer_config.json"
-    config = json.loads(config_path.read_text()) if config_path.exists() else {}
-    if config.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
-        return PreTrainedTokenizerFast.from_pretrained(str(path))
-    return AutoTokenizer.from_pretrained(str(path))
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 `Learner` owns the policy, its optimizer, the optional critic and KL reference; supervised
 warm starts on the same `Learner` are in `learner.sft`. One RL learner step, read top to
 bottom in `rl_step`:
-1. rewards (+ optional DAPO overlong penalty), optional removal of zero-variance groups;
+1. rewards (DAPO's overlong penalty is admission's), optional removal of zero-variance groups;
 2. padded tensors with loss masks from the samples' per-token data;
 3. `StepTensors`: a no-grad pass at the current weights (proximal log-probs pi_old, reference
    log-probs when kl_coef > 0, critic values for gae), then advantages (group baselines, or
@@ -33,7 +33,6 @@ import torch
 
 from learner.advantages import (
     gae,
-    overlong_penalty,
     trajectory_advantages,
     zero_variance_groups,
 )
@@ -49,9 +48,10 @@ from learner.losses import (
     token_entropy,
 )
 from learner.metrics import MetricsSink, StepReport
-from learner.model import ValueModel, load_policy, load_tokenizer, policy_outputs
+from learner.model import ValueModel, load_policy, policy_outputs
 from learner.publish import MarkPublished, publish_version
 from learner.tensors import PaddedBatch, collate
+from stalewise.tokenizer import load_tokenizer
 
 SUMMED_PER_OPTIMIZER_STEP = ("loss/policy", "score_centering/loss", "critic/loss")
 
@@ -268,17 +268,10 @@ class Learner:
     def _rewards(
         self, samples: list[TrainingSample]
     ) -> tuple[list[TrainingSample], torch.Tensor, dict[str, float]]:
-        """Rewards with the overlong penalty; drops zero-variance groups when configured."""
+        """Rewards (DAPO's overlong penalty, if configured, was added at admission); drops
+        zero-variance groups when configured."""
         a = self.cfg.advantage
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        if a.overlong is not None:  # judged on the whole trajectory, all its segments
-            generated: dict[object, int] = {}
-            for s in samples:
-                generated[s.trajectory_id] = generated.get(s.trajectory_id, 0) + s.num_loss_tokens
-            lengths = torch.tensor([generated[s.trajectory_id] for s in samples])
-            rewards = rewards + overlong_penalty(
-                lengths, a.overlong.max_len, a.overlong.cache_len, a.overlong.factor
-            )
         extra = {
             "reward/mean": rewards.mean().item(),
             "reward/std": rewards.std().item() if len(samples) > 1 else 0.0,

@@ -24,6 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import anyio
+from pydantic import BaseModel
 
 from orchestrator.engine_client import EngineClient
 from orchestrator.evaluate import EvalResult, evaluate
@@ -38,6 +39,7 @@ from stalewise.config import JobConfig
 from stalewise.log import bind_run, configure_logging, get_logger
 from stalewise.store import audit
 from stalewise.store.store import Store
+from stalewise.tokenizer import load_tokenizer
 from tasks.chat import make_chat_format
 from tasks.loading import load_family
 
@@ -47,17 +49,6 @@ log = get_logger("stalewise.job")
 def new_run_id(name: str) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return f"{name}-{stamp}-{secrets.token_hex(2)}"
-
-
-def load_tokenizer(model_dir: Path):
-    """The checkpoint's tokenizer without importing torch (fast tokenizers need none)."""
-    if (model_dir / "tokenizer.json").exists():
-        from transformers import PreTrainedTokenizerFast
-
-        return PreTrainedTokenizerFast.from_pretrained(str(model_dir))
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_dir))
 
 
 async def ensure_model(job: JobConfig) -> Path:
@@ -78,19 +69,25 @@ async def ensure_model(job: JobConfig) -> Path:
     return path
 
 
+def write_child_config(run_dir: Path, name: str, section: BaseModel) -> Path:
+    """A config section as the JSON file a child process reads with `--config`."""
+    path = run_dir / f"{name}.json"
+    path.write_text(section.model_dump_json(indent=2))
+    return path
+
+
 async def warm_start(job: JobConfig, model_dir: Path, run_dir: Path) -> Path:
     """SFT on the family's synthetic demonstrations, in a child process; returns the new dir."""
-    ws = job.model.warm_start
+    sft = job.learner.sft
     out = run_dir / "sft"
     if (out / "config.json").exists():
         return out
     argv = ["-m", "learner", "sft", str(model_dir), "--out", str(out),
+            "--config", str(write_child_config(run_dir, "learner", job.learner)),
             "--suite", job.tasks.family, "--options", json.dumps(job.tasks.options),
-            "--count", str(ws.demonstrations), "--wrong-fraction", str(ws.wrong_fraction),
             "--chat-format", job.model.chat_format, "--tool-listing", job.model.tool_listing,
-            "--steps", str(ws.steps),
-            "--batch-size", str(ws.batch_size), "--lr", str(ws.lr), "--seed", str(job.run.seed)]
-    log.info("supervised warm start", demonstrations=ws.demonstrations, steps=ws.steps)
+            "--seed", str(job.run.seed)]
+    log.info("supervised warm start", demonstrations=sft.demonstrations, steps=sft.steps)
     child = ChildProcess.start("sft", argv, run_dir / "sft.log")
     if await run_to_end(child) != 0 or not (out / "config.json").exists():
         raise RuntimeError(f"the SFT warm start failed; last log lines:\n{child.log_tail()}")
@@ -98,10 +95,9 @@ async def warm_start(job: JobConfig, model_dir: Path, run_dir: Path) -> Path:
 
 
 def start_learner(job: JobConfig, run_id: str, model_dir: Path, run_dir: Path) -> ChildProcess:
-    config_path = run_dir / "learner.json"
-    config_path.write_text(job.learner.model_dump_json(indent=2))
     argv = ["-m", "learner", "serve", "--db", job.run.db_url, "--run", run_id,
-            "--config", str(config_path), "--model", str(model_dir),
+            "--config", str(write_child_config(run_dir, "learner", job.learner)),
+            "--model", str(model_dir),
             "--publish-root", str(run_dir / "policy"), "--steps", str(job.pipeline.steps)]
     return ChildProcess.start("learner", argv, run_dir / "learner.log")
 
@@ -114,8 +110,8 @@ def start_engine(job: JobConfig, model_dir: Path, version: int, run_dir: Path):
                                  extra_args=tuple(job.engine.extra_args),
                                  log_path=run_dir / "engine.log",
                                  startup_timeout=job.engine.startup_timeout_s)
-    return EngineProcess.start(model_dir, port=job.engine.port, initial_version=version,
-                               max_batch=job.engine.max_batch, seed=job.run.seed,
+    return EngineProcess.start(model_dir, job.engine.server_fields(),
+                               config_path=run_dir / "engine.json", port=job.engine.port, initial_version=version, seed=job.run.seed,
                                log_path=run_dir / "engine.log",
                                startup_timeout=job.engine.startup_timeout_s)
 
@@ -172,7 +168,7 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
             await anyio.to_thread.run_sync(_check_docker)
         # children started from the main thread (the event loop's) die with this process
         model_dir = await ensure_model(job)
-        if job.model.warm_start.enabled and not resume:
+        if job.learner.sft.enabled and not resume:
             model_dir = await warm_start(job, model_dir, run_dir)
         version, path, _, _ = store.learner_progress(run_id)
         serve_dir = Path(path) if path else model_dir

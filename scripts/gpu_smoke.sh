@@ -45,6 +45,7 @@ import torch
 
 from engine.checkpoint import load_model
 from engine.launch import EngineProcess, VllmProcess
+from stalewise.engine_config import EngineServerConfig
 from engine.sampling import processed_logprobs
 from engine.tiny import init_tiny
 from orchestrator.engine_client import EngineClient
@@ -127,7 +128,8 @@ async def job(url: str) -> int:
 
 if os.environ["STALEWISE_SMOKE_DRY_RUN"] == "1":
     print("dry run: embedded CPU engine instead of vllm serve")
-    server = EngineProcess.start(v0, served_model_name="tiny", log_path=workdir / "engine.log")
+    server = EngineProcess.start(v0, EngineServerConfig(served_model_name="tiny"),
+                                 log_path=workdir / "engine.log")
 else:
     server = VllmProcess.start(v0, served_model_name="tiny", log_path=workdir / "vllm.log",
                                extra_args=("--dtype", os.environ["STALEWISE_VLLM_DTYPE"],

@@ -11,14 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from learner.config import LearnerConfig
+from stalewise.config_base import ConfigSection as Section
 from stalewise.config_errors import read_toml, validate
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from stalewise.engine_config import EngineConfig
 
 
 class RunConfig(Section):
@@ -30,17 +28,6 @@ class RunConfig(Section):
     progress_every_s: float = Field(5.0, gt=0, description="plain progress line period (no TTY)")
 
 
-class WarmStartConfig(Section):
-    """Supervised warm start on synthetic demonstrations before RL."""
-
-    enabled: bool = False
-    demonstrations: int = Field(256, ge=1, description="number of demonstrations to train on")
-    wrong_fraction: float = Field(0.0, ge=0.0, le=1.0, description="share of wrong demonstrations")
-    steps: int = Field(200, ge=1)
-    batch_size: int = Field(16, ge=1)
-    lr: float = Field(3e-3, gt=0)
-
-
 class ModelConfig(Section):
     path: str = Field("var/models/tiny", description="local Hugging Face checkpoint directory")
     create_tiny: bool = Field(True, description="create the tiny default model if PATH is missing")
@@ -49,17 +36,14 @@ class ModelConfig(Section):
     tool_listing: Literal["json", "names", "none"] = Field(
         "json", description="how tools are described in the prompt (none keeps prompts short "
                             "for tiny models trained on demonstrations)")
-    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
 
-
-class EngineConfig(Section):
-    kind: Literal["embedded", "vllm"] = "embedded"
-    url: str | None = Field(None, description="attach to a running engine instead of starting one")
-    port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
-    max_batch: int = Field(64, ge=1, description="sequences decoded together at most")
-    request_timeout_s: float = Field(600.0, gt=0)
-    startup_timeout_s: float = Field(120.0, gt=0)
-    extra_args: list[str] = Field(default_factory=list, description="extra `vllm serve` arguments")
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "warm_start" in data:
+            raise ValueError("model.warm_start moved to [learner.sft] (enabled, demonstrations, "
+                             "wrong_fraction, steps, batch_size, lr): rename the table")
+        return data
 
 
 class SandboxConfig(Section):

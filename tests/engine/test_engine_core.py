@@ -32,7 +32,7 @@ PROMPTS = [[10 + (7 * i + j) % 90 for j in range(8 + 3 * i)] for i in range(4)]
 
 @pytest.fixture
 def engine(model_v0):
-    eng = Engine(model_v0, max_batch=64, seed=1234, session_budget_mb=64)
+    eng = Engine(model_v0, max_batch=64, seed=1234, session_cache_mb=64)
     eng.start()
     yield eng
     eng.stop()
@@ -227,7 +227,7 @@ def test_session_retention_prefills_only_new_tokens(engine, model_v0, reference)
 
 
 def test_session_store_evicts_least_recently_used(model_v0):
-    eng = Engine(model_v0, session_budget_mb=100 * 2048 / 2**20)  # room for 100 tokens
+    eng = Engine(model_v0, session_cache_mb=100 * 2048 / 2**20)  # room for 100 tokens
     eng.start()
     try:
         spec = SamplingSpec(max_tokens=10, ignore_eos=True)

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from engine.launch import EngineProcess, LaunchError
+from stalewise.engine_config import EngineServerConfig
 from orchestrator.engine_client import EngineClient, EngineTimeouts
 from stalewise.engine_api import EngineError, GenerateRequest, SamplingParams
 
@@ -34,14 +35,15 @@ PROMPTS = [[10 + (11 * i + 3 * j) % 90 for j in range(6 + i % 7)] for i in range
 
 @pytest.fixture(scope="module")
 def server(model_v0):
-    with EngineProcess.start(model_v0, served_model_name="tiny", seed=7) as process:
+    config = EngineServerConfig(served_model_name="tiny")
+    with EngineProcess.start(model_v0, config, seed=7) as process:
         yield process
 
 
 @pytest.fixture(scope="module")
 def update_server(model_v0):
     """A server whose weights the tests below update (versions only go up)."""
-    with EngineProcess.start(model_v0, served_model_name="tiny") as process:
+    with EngineProcess.start(model_v0, EngineServerConfig(served_model_name="tiny")) as process:
         yield process
 
 

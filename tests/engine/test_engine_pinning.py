@@ -24,6 +24,7 @@ import torch
 
 from engine.core import Engine
 from engine.launch import EngineProcess
+from stalewise.engine_config import EngineServerConfig
 from engine.requests import EngineOutput, RequestError, SamplingSpec
 from engine.versions import VersionNotResident, plan_residency
 from orchestrator.engine_client import EngineClient, VersionNotResidentError
@@ -35,7 +36,7 @@ SPEC = SamplingSpec(max_tokens=24, ignore_eos=True)
 
 @pytest.fixture
 def engine(model_v0):
-    eng = Engine(model_v0, max_batch=16, seed=99, session_budget_mb=64)
+    eng = Engine(model_v0, max_batch=16, seed=99, session_cache_mb=64)
     eng.start()
     yield eng
     eng.stop()
@@ -275,7 +276,7 @@ async def _pinned_over_http(url: str, model_v0, model_v1, reference) -> None:
 
 
 def test_pinned_view_over_http(model_v0, model_v1, reference):
-    with EngineProcess.start(model_v0, max_resident_versions=3) as server:
+    with EngineProcess.start(model_v0, EngineServerConfig(max_resident_versions=3)) as server:
         anyio.run(_pinned_over_http, server.url, model_v0, model_v1, reference)
 
 

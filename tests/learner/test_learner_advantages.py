@@ -10,7 +10,6 @@ from learner.advantages import (
     gae,
     masked_whiten,
     outcome_advantages,
-    overlong_penalty,
     trajectory_advantages,
     zero_variance_groups,
 )
@@ -126,15 +125,6 @@ def test_gae_whitening_uses_masked_mean_and_unbiased_variance():
 def test_gae_rejects_reward_on_masked_position():
     with pytest.raises(ValueError, match="masked position"):
         gae(torch.tensor([[1.0, 0.0]]), torch.zeros(1, 2), torch.tensor([[0, 1]]), 1.0, 1.0)
-
-
-def test_overlong_penalty_is_dapo_soft_punishment():
-    lengths = torch.tensor([10, 80, 90, 95, 100, 101, 500])
-    got = overlong_penalty(lengths, max_len=100, cache_len=20, factor=2.0)
-    want = torch.tensor([0.0, 0.0, -1.0, -1.5, -2.0, -2.0, -2.0])
-    torch.testing.assert_close(got, want)
-    with pytest.raises(ValueError, match="cache_len"):
-        overlong_penalty(lengths, max_len=10, cache_len=20)
 
 
 def test_zero_variance_groups_keeps_only_groups_with_varying_rewards():

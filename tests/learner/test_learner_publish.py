@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from engine.tiny import init_tiny
-from learner.model import load_policy, load_tokenizer
+from learner.model import load_policy
+from stalewise.tokenizer import load_tokenizer
 from learner.publish import publish_version, tokenizer_files, version_dir, write_checkpoint
 
 

@@ -286,7 +286,7 @@ def test_engine_killed_fails_clearly(tmp_path, model_dir):
 
 def test_sigterm_during_the_warm_start_aborts_and_stops_the_sft_child(tmp_path, model_dir):
     config = write_config(tmp_path, model_dir, steps=1)
-    config.write_text(config.read_text() + "\n[model.warm_start]\nenabled = true\n"
+    config.write_text(config.read_text() + "\n[learner.sft]\nenabled = true\n"
                       "demonstrations = 16\nsteps = 100000\n")
     proc = start(config)
     try:
@@ -306,7 +306,7 @@ def test_sigterm_during_the_warm_start_aborts_and_stops_the_sft_child(tmp_path, 
 
 def test_an_unreachable_docker_fails_the_run_at_once_with_its_reason(tmp_path, model_dir):
     config = write_config(tmp_path, model_dir, steps=1)
-    config.write_text(config.read_text() + "\n[model.warm_start]\nenabled = true\n")
+    config.write_text(config.read_text() + "\n[learner.sft]\nenabled = true\n")
     proc = start(config, env={"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"})
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, output

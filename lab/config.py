@@ -16,15 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from lab.estimator_spec import PRESET_NAMES, EstimatorSpec
 from lab.levels import MismatchKind, check_level
+from stalewise.config_base import ConfigSection as _Section
 from stalewise.config_errors import read_toml, validate
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class PolicySection(_Section):

@@ -1,7 +1,9 @@
 """Held-out evaluation: run the family's `eval` split once per instance at the engine's weights.
 
 Evaluation trajectories are recorded like any other (purpose `eval`, no group, never admitted),
-so the before/after figures of a run can be audited token by token.
+so the before/after figures of a run can be audited token by token. A trajectory that ends in
+an infrastructure error counts as a failure in the success rate (an evaluation cannot drop
+what it could not solve); `infra_errors` says how many there were.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ async def evaluate(*, label: str, run_id: str, version: int, store: Store, write
         await writer.put_trajectory_update(trajectory_id, outcome_values(outcome))
         if outcome.status.value == "infra_error":
             infra += 1
+            rewards.append(0.0)
         else:
             rewards.append(outcome.reward or 0.0)
 

@@ -287,7 +287,9 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
         "admission": dict(pipeline.stats.decisions),
         "selection_skew": asdict(skew),
         "evaluation": {r.label: f"success {r.success_rate:.3f}, mean reward {r.mean_reward:.3f}"
-                                f" over {r.instances} (version {r.version})" for r in results},
+                                f" over {r.instances} (version {r.version}; "
+                                f"{r.infra_errors} infrastructure errors, counted as failures)"
+                       for r in results},
         "report": str(run_dir / "report.md"), "db": store.url,
     }
     write_report(summary, ledger, run_dir, curve=curve)
@@ -307,6 +309,8 @@ def print_summary(summary: dict, results: list[EvalResult], job: JobConfig) -> N
         lines.append(f"  success rate on {after.instances} held-out {job.tasks.family} "
                      f"instances: before RL {100 * before.success_rate:.1f}% -> after RL "
                      f"{100 * after.success_rate:.1f}%")
+        lines.append(f"  infrastructure errors in the evaluations (counted as failures): "
+                     f"before {before.infra_errors}, after {after.infra_errors}")
     lines += [f"  selection skew: difficulty TV {skew['difficulty_tv']:.3f}, duration TV "
               f"{skew['duration_tv']:.3f}, excluded token share "
               f"{skew['excluded_token_share']:.3f}",

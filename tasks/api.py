@@ -6,6 +6,11 @@ Guarantees:
   difficulty), so a changed task under an old key is detected;
 - a `TaskFamily` makes instance `index` of a split deterministically and names it with the
   stable key `family/split/index`; `by_key` rebuilds the same instance from its key;
+- held out means held out: a family with a `split_key` (what makes two instances the same
+  task, e.g. arith's expression) puts every split key in exactly one of train and eval, by a
+  hash (`split_of`), and `instance` refuses an instance whose key belongs to the other split;
+  families draw candidates until one fits with `draw_in_split`. Demonstrations (the SFT warm
+  start) come from the train split only;
 - `hidden_files` reach the sandbox only at verification (the agent loop writes them then);
   `data` holds facts for tools and verifiers (an expected answer) and is never shown to the model.
 """
@@ -18,7 +23,7 @@ import json
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -109,6 +114,27 @@ class TaskInstance:
 
 MakeFn = Callable[[int, str], TaskInstance]
 DemoFn = Callable[[TaskInstance, bool], "Demonstration"]
+SplitKeyFn = Callable[[TaskInstance], str]
+T = TypeVar("T")
+MAX_SPLIT_DRAWS = 10_000
+
+
+def split_of(family: str, split_key: str, eval_share: float) -> str:
+    """"eval" or "train" for a task identity: a fixed hash of (family, key), so the same
+    identity lands in the same split on every machine and in every run."""
+    digest = hashlib.sha256(f"{family}\0{split_key}".encode()).digest()
+    return "eval" if int.from_bytes(digest[:8], "big") / 2**64 < eval_share else "train"
+
+
+def draw_in_split(family: str, split: str, eval_share: float, rng: random.Random,
+                  candidate: Callable[[random.Random], T], key: Callable[[T], str]) -> T:
+    """The first candidate drawn from `rng` whose split key belongs to `split`."""
+    for _ in range(MAX_SPLIT_DRAWS):
+        made = candidate(rng)
+        if split_of(family, key(made), eval_share) == split:
+            return made
+    raise ValueError(f"family {family}: no {split} instance in {MAX_SPLIT_DRAWS} draws; the "
+                     f"task space is too small for eval_share = {eval_share}")
 
 
 class TaskFamily:
@@ -116,7 +142,8 @@ class TaskFamily:
 
     def __init__(self, name: str, make: MakeFn, *, demonstrate: DemoFn | None = None,
                  size: int | None = None, splits: Sequence[str] = ("train", "eval"),
-                 description: str = "", options: Mapping[str, Any] | None = None) -> None:
+                 description: str = "", options: Mapping[str, Any] | None = None,
+                 split_key: SplitKeyFn | None = None, eval_share: float = 0.2) -> None:
         if not name or "/" in name:
             raise ValueError(f"family name {name!r} must be non-empty and contain no '/'")
         self.name = name
@@ -126,6 +153,12 @@ class TaskFamily:
         self.splits = tuple(splits)
         self.description = description
         self.options = dict(options or {})
+        if split_key is not None and (set(self.splits) != {"train", "eval"}
+                                      or not 0.0 < eval_share < 1.0):
+            raise ValueError(f"family {name}: a split_key needs splits ('train', 'eval') and "
+                             f"0 < eval_share < 1, got {self.splits}, {eval_share}")
+        self.split_key = split_key
+        self.eval_share = eval_share
 
     def instance(self, index: int, split: str = "train") -> TaskInstance:
         if split not in self.splits:
@@ -136,6 +169,13 @@ class TaskFamily:
         if not isinstance(made, TaskInstance):
             raise TypeError(f"family {self.name}: make() returned {type(made).__name__}, "
                             "expected a TaskInstance")
+        if self.split_key is not None:
+            home = split_of(self.name, self.split_key(made), self.eval_share)
+            if home != split:
+                raise ValueError(
+                    f"family {self.name}: {split} instance {index} has split key "
+                    f"{self.split_key(made)!r}, which belongs to the {home} split; draw "
+                    f"instances with tasks.api.draw_in_split so train and eval stay disjoint")
         return dataclasses.replace(made, family=self.name, key=f"{self.name}/{split}/{index}")
 
     def instances(self, split: str = "train", start: int = 0,
@@ -161,10 +201,12 @@ class TaskFamily:
                              f"demonstrate=... to TaskFamily to warm-start on it")
         return self._demonstrate(instance, correct)
 
-    def demonstrations(self, count: int, *, wrong_fraction: float = 0.0, split: str = "train",
-                       start: int = 0, seed: int = 0) -> list[Demonstration]:
-        """`count` demonstrations of instances start.., exactly round(count*wrong_fraction) of
-        them deliberately wrong (chosen at random with `seed`)."""
+    def demonstrations(self, count: int, *, wrong_fraction: float = 0.0, start: int = 0,
+                       seed: int = 0) -> list[Demonstration]:
+        """`count` demonstrations of train instances start.., exactly
+        round(count*wrong_fraction) of them deliberately wrong (chosen at random with `seed`);
+        never of eval instances."""
+        split = "train"
         if not 0.0 <= wrong_fraction <= 1.0:
             raise ValueError(f"wrong_fraction must be in [0, 1], got {wrong_fraction}")
         wrong = set(random.Random(seed).sample(range(count), round(count * wrong_fraction)))

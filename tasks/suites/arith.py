@@ -19,7 +19,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.api import TaskFamily, TaskInstance
+from tasks.api import TaskFamily, TaskInstance, draw_in_split
 from tasks.builtin_tools import python
 from tasks.demos import Demonstration, DemoTurn
 from tasks.suites.common import answer_text, call_text, instance_rng, sandbox_spec, task_limits
@@ -75,10 +75,13 @@ VERIFIER = Rubric(Component("exact", exact_answer, 1.0),
                   Component("answer_tag", gave_answer, 0.0))
 
 
-def family(*, max_ops: int = 3, max_value: int = 9, seed: int = 0,
+def family(*, max_ops: int = 3, max_value: int = 9, seed: int = 0, eval_share: float = 0.2,
            image: str = "stalewise-base:latest", limits: Mapping[str, Any] | None = None,
            sandbox_limits: Mapping[str, Any] | None = None) -> TaskFamily:
-    """The arith family. `limits` / `sandbox_limits` override TaskLimits / SandboxLimits fields."""
+    """The arith family. `limits` / `sandbox_limits` override TaskLimits / SandboxLimits fields.
+
+    Train and eval are disjoint by expression: `eval_share` of all expressions (by a fixed
+    hash of the text) are eval-only, the rest train-only."""
     if max_ops < 1 or max_value < 1:
         raise ValueError(f"arith needs max_ops >= 1 and max_value >= 1, got {max_ops}, {max_value}")
     task_limits_ = task_limits(LIMIT_DEFAULTS, limits)
@@ -86,8 +89,8 @@ def family(*, max_ops: int = 3, max_value: int = 9, seed: int = 0,
 
     def make(index: int, split: str) -> TaskInstance:
         rng = instance_rng(NAME, seed, split, index)
-        ops = rng.randint(1, max_ops)
-        text, _ = expression(rng, ops, max_value)
+        ops, text = draw_in_split(NAME, split, eval_share, rng,
+                                  lambda r: _draw(r, max_ops, max_value), key=lambda c: c[1])
         return TaskInstance(
             prompt=f"Compute {text} with python.", tools=(python,), verifier=VERIFIER,
             sandbox=spec, limits=task_limits_, data={"expression": text, "value": evaluate(text)},
@@ -106,4 +109,11 @@ def family(*, max_ops: int = 3, max_value: int = 9, seed: int = 0,
 
     return TaskFamily(NAME, make, demonstrate=demonstrate,
                       description="integer expressions computed with a python tool",
-                      options=dict(max_ops=max_ops, max_value=max_value, seed=seed, image=image))
+                      options=dict(max_ops=max_ops, max_value=max_value, seed=seed,
+                                   eval_share=eval_share, image=image),
+                      split_key=lambda task: task.data["expression"], eval_share=eval_share)
+
+
+def _draw(rng: random.Random, max_ops: int, max_value: int) -> tuple[int, str]:
+    ops = rng.randint(1, max_ops)
+    return ops, expression(rng, ops, max_value)[0]

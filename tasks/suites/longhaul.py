@@ -23,13 +23,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import random
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import anyio
 
-from tasks.api import TaskFamily, TaskInstance
+from tasks.api import TaskFamily, TaskInstance, draw_in_split
 from tasks.demos import Demonstration, DemoTurn
 from tasks.suites.common import answer_text, call_text, instance_rng, sandbox_spec, task_limits
 from tasks.tools import Tool, ToolContext, ToolError, tool
@@ -120,7 +121,7 @@ VERIFIER = Rubric(Component("last_key", last_key, 1.0), Component("steps", steps
 def family(*, min_k: int = 1, max_k: int = 30, latency_median_s: float = 0.5,
            latency_sigma: float = 1.0, latency_max_s: float = 60.0,
            latency_in: Literal["tool", "sandbox"] = "tool",
-           bucket_edges: Sequence[int] = (1, 3, 8, 16), seed: int = 0,
+           bucket_edges: Sequence[int] = (1, 3, 8, 16), seed: int = 0, eval_share: float = 0.2,
            image: str = "stalewise-base:latest", limits: Mapping[str, Any] | None = None,
            sandbox_limits: Mapping[str, Any] | None = None) -> TaskFamily:
     """The longhaul family; see the module docstring for the options."""
@@ -143,13 +144,16 @@ def family(*, min_k: int = 1, max_k: int = 30, latency_median_s: float = 0.5,
 
     def make(index: int, split: str) -> TaskInstance:
         rng = instance_rng(NAME, seed, split, index)
-        k = min(max_k, int(math.exp(rng.uniform(math.log(min_k), math.log(max_k + 1)))))
-        salt = f"{rng.getrandbits(32):08x}"
-        keys = chain(salt, f"{rng.getrandbits(16):04x}", k)
+        k, keys = draw_in_split(NAME, split, eval_share, rng, draw, key=lambda c: c[1][0])
         return TaskInstance(
             prompt=f"Follow the chain from {keys[0]} with step; answer the last key.",
             tools=(step,), verifier=VERIFIER, sandbox=spec, limits=task_limits_,
             data={"k": k, "chain": keys, "latency": latency}, difficulty=bucket_of(k, ranges))
+
+    def draw(rng: random.Random) -> tuple[int, list[str]]:
+        k = min(max_k, int(math.exp(rng.uniform(math.log(min_k), math.log(max_k + 1)))))
+        salt = f"{rng.getrandbits(32):08x}"
+        return k, chain(salt, f"{rng.getrandbits(16):04x}", k)
 
     def demonstrate(task: TaskInstance, correct: bool) -> Demonstration:
         keys = list(task.data["chain"])
@@ -165,4 +169,5 @@ def family(*, min_k: int = 1, max_k: int = 30, latency_median_s: float = 0.5,
                       options=dict(min_k=min_k, max_k=max_k, latency_median_s=latency_median_s,
                                    latency_sigma=latency_sigma, latency_max_s=latency_max_s,
                                    latency_in=latency_in, bucket_edges=list(bucket_edges),
-                                   seed=seed, image=image))
+                                   seed=seed, eval_share=eval_share, image=image),
+                      split_key=lambda task: task.data["chain"][0], eval_share=eval_share)

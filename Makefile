@@ -1,4 +1,4 @@
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast bench clean lock
 
 setup:
 	bash scripts/setup.sh
@@ -25,3 +25,7 @@ bench: setup
 
 clean:
 	rm -rf var .pytest_cache
+
+# Re-resolve the dependencies and rewrite requirements.lock (commit the result).
+lock:
+	bash scripts/lock.sh

@@ -24,9 +24,10 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   fi
 fi
 
-if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
-  echo "setup: installing stalewise and its dependencies" >&2
-  "$VENV/bin/python" -m pip install -q -e ".[test]" --config-settings editable_mode=compat
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ requirements.lock -nt "$STAMP" ]; then
+  echo "setup: installing stalewise and its dependencies (versions from requirements.lock)" >&2
+  "$VENV/bin/python" -m pip install -q -c requirements.lock -e ".[test]" \
+    --config-settings editable_mode=compat
   touch "$STAMP"
 fi
 

@@ -219,3 +219,17 @@ def test_zero_variance_groups_can_be_dropped(tiny, rl_samples):
     report = learner.rl_step(samples)
     assert report.num_samples == 12
     assert report.metrics["learner/zero_variance_dropped"] == 4
+
+
+def test_the_segments_of_one_trajectory_count_once_in_the_step_denominators(tiny, rl_samples):
+    """Rows sharing a trajectory id (a template split the trajectory) are one sequence."""
+    merged = [replace(s, trajectory_id="t0") if i < 2 else s for i, s in enumerate(rl_samples)]
+    cfg = _config(loss=dict(aggregation="seq_mean_token_mean"))
+    learner = Learner(tiny, cfg)
+    batch = collate(merged, learner.pad_id)
+    step = learner._step_tensors(batch, torch.tensor([s.reward for s in merged]), ())
+    den = learner._denominators(step, slice(0, batch.size), first_update=True)
+    assert den.policy.item() == len(rl_samples) - 1
+    both = batch.loss_mask_B_Tm1[:2].sum()
+    assert den.policy_sequence_tokens_B[:2].tolist() == [both.item()] * 2
+    assert den.policy_sequence_tokens_B[2].item() == batch.loss_mask_B_Tm1[2].sum().item()

@@ -4,8 +4,10 @@ setup:
 	bash scripts/setup.sh
 
 # The main job: tiny model, SFT warm start, RL in inflight mode with real Docker sandboxes.
+# `make demo SEED=1` runs the same job with another seed (run.seed).
+SEED ?= 0
 demo: setup
-	.venv/bin/stalewise run configs/demo.toml
+	.venv/bin/stalewise run configs/demo.toml --set run.seed=$(SEED)
 
 test: setup
 	bash scripts/ensure_postgres.sh

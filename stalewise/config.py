@@ -8,6 +8,8 @@ what runs.
 
 from __future__ import annotations
 
+import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,7 +17,7 @@ from pydantic import Field, model_validator
 
 from learner.config import LearnerConfig
 from stalewise.config_base import ConfigSection as Section
-from stalewise.config_errors import read_toml, validate
+from stalewise.config_errors import ConfigError, read_toml, validate
 from stalewise.engine_config import EngineConfig
 
 
@@ -129,5 +131,29 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> JobConfig:
     return validate(JobConfig, data, source)
 
 
-def load_config(path: str | Path) -> JobConfig:
-    return parse_config(read_toml(path, "a TOML job config"), str(path))
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> JobConfig:
+    """The job config in `path`, with `overrides` ("section.key=value", the value a TOML
+    literal or else a plain string) applied before validation."""
+    data = read_toml(path, "a TOML job config")
+    for item in overrides:
+        apply_override(data, item, str(path))
+    return parse_config(data, str(path))
+
+
+def apply_override(data: dict[str, Any], item: str, source: str) -> None:
+    dotted, sep, text = item.partition("=")
+    if not sep or not dotted.strip():
+        raise ConfigError(source, [f"--set {item!r}: write it as section.key=value, "
+                                   f"e.g. --set run.seed=1"])
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    node = data
+    *parents, leaf = dotted.strip().split(".")
+    for key in parents:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(source, [f"--set {item!r}: {key} is a value, not a table"])
+        node = child
+    node[leaf] = value

@@ -1,4 +1,4 @@
-"""`stalewise run job.toml [--dry-run] [--resume RUN]`."""
+"""`stalewise run job.toml [--set section.key=value ...] [--dry-run] [--resume RUN]`."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import typer
 from stalewise.config_errors import ConfigError
 
 
-def load_or_exit(path: Path):
+def load_or_exit(path: Path, overrides: list[str] | None = None):
     from stalewise.config import load_config
 
     try:
-        return load_config(path)
+        return load_config(path, overrides or ())
     except ConfigError as exc:
         for problem in exc.problems:
             typer.echo(f"error: {exc.source}: {problem}", err=True)
@@ -55,9 +55,12 @@ def run_command(config: Path = typer.Argument(..., help="job config (TOML)"),
                 dry_run: bool = typer.Option(
                     False, "--dry-run",
                     help="validate the config and its task family, print the resolved config"),
-                resume: str | None = typer.Option(None, "--resume", help="resume run RUN")) -> None:
+                resume: str | None = typer.Option(None, "--resume", help="resume run RUN"),
+                overrides: list[str] | None = typer.Option(
+                    None, "--set", help="override a config value: section.key=value "
+                                        "(repeatable), e.g. --set run.seed=1")) -> None:
     """Run an RL job described by CONFIG."""
-    job = load_or_exit(config)
+    job = load_or_exit(config, overrides)
     check_family_or_exit(job, config)
     if resume is not None:
         check_resumable_or_exit(job, resume)

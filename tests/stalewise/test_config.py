@@ -70,3 +70,18 @@ def test_unreadable_files(tmp_path):
     bad.write_text("[run\nname = 1")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+
+
+def test_set_overrides_apply_before_validation_and_name_bad_items(tmp_path):
+    from stalewise.config import load_config
+
+    path = tmp_path / "job.toml"
+    path.write_text('[run]\nseed = 0\n[learner.sft]\nenabled = true\n')
+    job = load_config(path, ["run.seed=7", "learner.sft.steps=12", "run.name=seven",
+                             "pipeline.mode=sync"])
+    assert (job.run.seed, job.learner.sft.steps, job.run.name) == (7, 12, "seven")
+    assert job.pipeline.mode == "sync" and job.learner.sft.enabled
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(path, ["run.seed"])
+    with pytest.raises(ConfigError, match="pipeline.mode"):
+        load_config(path, ["pipeline.mode=sometimes"])

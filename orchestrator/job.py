@@ -232,7 +232,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                 engine_proc, learner_proc: Supervised, version: int, resumed: bool) -> dict:
     url = job.engine.url or engine_proc.url
     backend = "vllm" if job.engine.kind == "vllm" else "stalewise"
-    family = load_family(job.tasks.family, job.tasks.options)
+    family = load_family(job.tasks.family, job.tasks.family_options())
     chat_format = make_chat_format(load_tokenizer(model_dir), job.model.chat_format,
                                    tool_listing=job.model.tool_listing)
     started = time.monotonic()

@@ -14,6 +14,9 @@ Contract (locked by tests/orchestrator/test_rollout_semantics.py):
 - Malformed tool calls (bad markup or JSON, unknown tool, arguments failing the schema, too many
   calls in one turn) go back to the model as an error observation and are counted; one more
   than allowed fails the trajectory with reward 0 (the policy's own failure, not verified).
+- Verifier failures: `VerifierError` (the verifier could not score) and a `SandboxError` while
+  verifying are infrastructure errors (`verifier_error`, `sandbox_error`); any other exception
+  or the verifier's timeout fails the trajectory (`verifier_exception`, `verifier_timeout`).
 - Rewards: only `answered` trajectories are verified (truncated ones too if the task sets
   `verify_truncated`); truncated, infra-failed and bug-failed trajectories have reward None, so
   admission decides how to treat them.
@@ -78,11 +81,13 @@ from tasks.chat.conversation import Conversation
 from tasks.chat.parsing import extract_answer
 from tasks.messages import ChatMessage
 from tasks.tools import Tool, ToolArgumentError, ToolContext, ToolError, ToolResult
-from tasks.verify import Reward, VerifyContext
+from tasks.verify import Reward, VerifierError, VerifyContext
 
 SandboxAcquirer = Callable[[SandboxSpec], AbstractAsyncContextManager[Sandbox]]
 Gate = Callable[[], AbstractAsyncContextManager[Any]]
 _Checked = tuple[Tool, dict[str, Any]] | str
+# a verifier that could not score: infrastructure, not the policy (kept out of training)
+INFRA_VERIFY_ERRORS = frozenset({"sandbox_error", "verifier_error"})
 
 
 @dataclass(frozen=True)
@@ -525,6 +530,8 @@ class _Rollout:
                                "verifier_timeout")
         except SandboxError as err:
             return None, _Stop(stop.reason, f"{type(err).__name__}: {err}", "sandbox_error")
+        except VerifierError as err:
+            return None, _Stop(stop.reason, str(err), "verifier_error")
         except Exception as err:
             return None, _Stop(stop.reason, f"verifier raised {type(err).__name__}: {err}\n"
                                + traceback.format_exc(), "verifier_exception")
@@ -569,7 +576,7 @@ class _Rollout:
             reward = Reward(0.0, {"malformed_tool_calls": 1.0})  # the policy's own failure
         if verify_error is not None:
             error_type, error = verify_error.error_type, verify_error.error
-            status = (TrajectoryStatus.INFRA_ERROR if error_type == "sandbox_error"
+            status = (TrajectoryStatus.INFRA_ERROR if error_type in INFRA_VERIFY_ERRORS
                       else TrajectoryStatus.FAILED)
         segments = []
         if self.conversation is not None:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from learner.config import LearnerConfig
 from stalewise.config_errors import read_toml, validate
+from tasks.harbor import HarborSettings
 
 
 class Section(BaseModel):
@@ -82,6 +83,14 @@ class TasksConfig(Section):
     family: str = Field("arith", description="entry-point name or 'path/to/file.py:attribute'")
     options: dict[str, Any] = Field(default_factory=dict, description="passed to the family")
     eval_instances: int = Field(64, ge=0, description="held-out instances for before/after eval")
+    harbor: HarborSettings = Field(default_factory=HarborSettings,
+                                   description="how family = 'harbor:PATH' tasks run")
+
+    def family_options(self) -> dict[str, Any]:
+        """What the family factory gets: `options`, plus `[tasks.harbor]` for Harbor folders."""
+        if self.family.strip().startswith("harbor:"):
+            return {**self.harbor.model_dump(), **self.options}
+        return dict(self.options)
 
 
 class RolloutConfig(Section):

@@ -26,7 +26,7 @@ def check_family_or_exit(job, config: Path) -> None:
     from tasks.loading import TaskLoadError, load_family
 
     try:
-        load_family(job.tasks.family, job.tasks.options)
+        load_family(job.tasks.family, job.tasks.family_options())
     except TaskLoadError as exc:
         typer.echo(f"error: {config}: tasks.family: {exc}", err=True)
         raise typer.Exit(2) from None

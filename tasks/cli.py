@@ -56,3 +56,24 @@ def show_command(ref: str = typer.Argument(..., help="family reference (file.py:
         typer.echo(f"{task.key}  [{task.difficulty}]  {task.content_hash[:12]}")
         typer.echo(f"  tools: {', '.join(t.name for t in task.tools) or '-'}")
         typer.echo(f"  prompt: {prompt}")
+
+
+@app.command("tools")
+def tools_command(ref: str = typer.Argument(..., help="family reference (file.py:attr, name, "
+                                                      "harbor:PATH)"),
+                  fmt: str = typer.Option("openai", "--format",
+                                          help="openai (function tools) or mcp (tool descriptors)"),
+                  options: str = typer.Option("", help=OPTIONS_HELP),
+                  count: int = typer.Option(20, min=1, help="instances whose tools to collect")
+                  ) -> None:
+    """Print the family's tools (union over its first instances) as JSON."""
+    from tasks.tool_export import export_tools
+
+    if fmt not in ("openai", "mcp"):
+        raise typer.BadParameter(f"--format must be openai or mcp, not {fmt!r}")
+    family = load_or_exit(ref, options)
+    tools: dict[str, Any] = {}
+    for task in family.instances("train", count=count):
+        for tool in task.tools:
+            tools.setdefault(tool.name, tool)
+    typer.echo(json.dumps(export_tools(list(tools.values()), fmt), indent=2))

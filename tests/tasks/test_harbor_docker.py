@@ -83,7 +83,7 @@ def test_tasks_check_runs_oracle_and_no_op_for_every_example():
 
 
 def test_tasks_check_names_each_bad_task_and_the_fix(tmp_path):
-    copy_task(tmp_path, "sum-numbers", to="unmapped")  # FROM python:3.12-slim, no map given
+    copy_task(tmp_path, "sum-numbers")  # FROM python:3.12-slim, and no map given
     (copy_task(tmp_path, to="silent") / "tests" / "test.sh").write_text("#!/bin/bash\ntrue\n")
     (copy_task(tmp_path, to="generous") / "tests" / "test.sh").write_text(
         "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
@@ -92,9 +92,9 @@ def test_tasks_check_names_each_bad_task_and_the_fix(tmp_path):
     assert result.exit_code == 1
     table = {line.split()[0]: line.split()[1:] for line in result.output.splitlines()[1:5]}
     assert table == {"generous": ["1", "1", "NO"], "silent": ["error", "error", "NO"],
-                     "unmapped": ["error", "error", "NO"], "wrong-oracle": ["0", "0", "NO"]}
+                     "stalewise/sum-numbers": ["error", "error", "NO"], "wrong-oracle": ["0", "0", "NO"]}
     problems = [line for line in result.output.splitlines() if line.startswith("problem: ")]
-    assert any("harbor task unmapped" in p and "FROM image 'python:3.12-slim'" in p
+    assert any("harbor task stalewise/sum-numbers" in p and "FROM image 'python:3.12-slim'" in p
                and '[tasks.harbor] base_image_map = { "python:3.12-slim" = "stalewise-base" }'
                in p for p in problems), problems
     assert any("harbor task silent: tests/test.sh (exit 0) wrote no /logs/verifier/reward.txt"

@@ -35,7 +35,8 @@ Contract (locked by tests/orchestrator/test_rollout_semantics.py):
 - Sandboxes: the acquirer lends a started sandbox of the task's image and limits (a pool per
   image); the loop writes the task's files into it, and the hidden files after the last turn,
   right before the verifier runs.
-- Cancellation by the caller propagates; sessions and the sandbox are released under a shield.
+- Cancellation by the caller propagates; sessions and the sandbox are released under a shield,
+  and so is anything in the tools' per-trajectory state that has an `aclose()` (MCP servers).
 """
 
 from __future__ import annotations
@@ -257,8 +258,22 @@ class _Rollout:
                              "sandbox_error")
         finally:
             await self._release_sessions()
+            await self._close_tool_state()
         assert stop is not None
         return self._outcome(stop, reward, error)
+
+    async def _close_tool_state(self) -> None:
+        """Close what tools kept per trajectory (an MCP server connection): anything in the
+        tool state with an `aclose()`, under a shield, errors ignored."""
+        closers = [v for v in self.tool_state.values() if callable(getattr(v, "aclose", None))]
+        if not closers:
+            return
+        with self._scope_type(shield=True, deadline=self.now() + self.options.release_timeout_s):
+            for value in closers:
+                try:
+                    await value.aclose()
+                except Exception:  # noqa: BLE001 - closing is best effort; the sandbox goes too
+                    pass
 
     async def _agent(self, sandbox: Sandbox) -> _Stop:
         """The turns, under the wall-time limit; every way out is a `_Stop`."""

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from learner.config import LearnerConfig
 from stalewise.config_errors import read_toml, validate
 from tasks.harbor import HarborSettings
+from tasks.mcp import ToolsConfig
 
 
 class Section(BaseModel):
@@ -133,6 +134,7 @@ class JobConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)

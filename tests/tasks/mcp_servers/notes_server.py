@@ -1,13 +1,15 @@
 """A small MCP stdio server for the tests, written with the official `mcp` SDK (2.x).
 
 Tools: `add_note(text)` keeps a note in memory (state lives as long as the server), `notes()`
-lists them, `divide(a, b)` fails with an MCP tool error on b = 0, and `crash()` kills the
-server process mid-call (for the crash test).
+lists them, `divide(a, b)` fails with an MCP tool error on b = 0, `slow(seconds)` answers
+late, and `crash()` kills the server process mid-call.
 """
 
 import os
+import time
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("notes")
 NOTES: list[str] = []
@@ -30,8 +32,15 @@ def notes() -> str:
 def divide(a: float, b: float) -> float:
     """Divide a by b."""
     if b == 0:
-        raise ValueError("cannot divide by zero")
+        raise ToolError("cannot divide by zero")
     return a / b
+
+
+@server.tool()
+def slow(seconds: float) -> str:
+    """Wait, then answer."""
+    time.sleep(seconds)
+    return "awake"
 
 
 @server.tool()

@@ -32,6 +32,11 @@ IN_SANDBOX = McpServerConfig(command=["python3", "/opt/notes_server.py"], name="
                              startup_timeout_s=60)
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # both backends are covered by test_mcp.py; containers are slow
+
+
 @pytest.fixture(scope="module")
 def mcp_image(tmp_path_factory) -> str:
     """stalewise-base plus the MCP SDK folder and the test server (built once per content)."""

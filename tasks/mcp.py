@@ -229,7 +229,8 @@ class HostConnection(Connection):
 # The in-sandbox side: a launcher (sh) and a per-request client (python3, stdlib only).
 _LAUNCH = r'''d=$1; shift
 rm -rf "$d" && mkdir -p "$d" && mkfifo "$d/in" "$d/out" || exit 97
-sh -c 'd=$1; shift; exec 3<>"$d/in" 4<>"$d/out"; "$@" <&3 >&4 2>"$d/stderr"; echo $? >"$d/status"' sh "$d" "$@" </dev/null >/dev/null 2>&1 &
+sh -c 'd=$1; shift; exec 3<>"$d/in" 4<>"$d/out"
+  "$@" <&3 >&4 2>"$d/stderr"; echo $? >"$d/status"' sh "$d" "$@" </dev/null >/dev/null 2>&1 &
 echo $! >"$d/pid"
 '''
 _CLIENT = r'''

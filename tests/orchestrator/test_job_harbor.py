@@ -43,7 +43,8 @@ def expected_hashes() -> dict[str, str]:
 
 def test_harbor_smoke_config_trains_on_harbor_tasks(tmp_path, model_dir):  # noqa: F811
     text = (ROOT / "configs" / "harbor-smoke.toml").read_text()
-    text = (text.replace('"sqlite:///var/harbor-smoke/stalewise.db"', f'"sqlite:///{tmp_path}/store.db"')
+    text = (text.replace('"sqlite:///var/harbor-smoke/stalewise.db"',
+                         f'"sqlite:///{tmp_path}/store.db"')
             .replace('"var/harbor-smoke/runs"', f'"{tmp_path}/runs"')
             .replace('"var/models/tiny"', f'"{model_dir}"')
             .replace('"harbor:examples/harbor"', f'"harbor:{ROOT / "examples" / "harbor"}"'))

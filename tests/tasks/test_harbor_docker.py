@@ -92,7 +92,8 @@ def test_tasks_check_names_each_bad_task_and_the_fix(tmp_path):
     assert result.exit_code == 1
     table = {line.split()[0]: line.split()[1:] for line in result.output.splitlines()[1:5]}
     assert table == {"generous": ["1", "1", "NO"], "silent": ["error", "error", "NO"],
-                     "stalewise/sum-numbers": ["error", "error", "NO"], "wrong-oracle": ["0", "0", "NO"]}
+                     "stalewise/sum-numbers": ["error", "error", "NO"],
+                     "wrong-oracle": ["0", "0", "NO"]}
     problems = [line for line in result.output.splitlines() if line.startswith("problem: ")]
     assert any("harbor task stalewise/sum-numbers" in p and "FROM image 'python:3.12-slim'" in p
                and '[tasks.harbor] base_image_map = { "python:3.12-slim" = "stalewise-base" }'

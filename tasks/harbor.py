@@ -314,15 +314,15 @@ async def run_harbor_tests(sandbox: Sandbox, task: str, timeout_s: float,
     """Run /tests/test.sh (already in the sandbox) and return the reward it wrote."""
     prepare = await sandbox.exec(["sh", "-c", "mkdir -p /logs/verifier /logs/agent && rm -f "
                                   + " ".join(REWARD_FILES)], timeout=30)
-    _raise_if_dead(prepare)
+    _raise_if_dead(prepare, task)
     result = await sandbox.exec(["bash", f"{TESTS_DIR}/test.sh"], timeout=timeout_s,
                                 env=dict(env or {}))
-    _raise_if_dead(result)
+    _raise_if_dead(result, task)
     if result.timed_out:
         raise VerifierError(f"harbor task {task}: tests/test.sh ran past its {timeout_s:g}s; "
                             "raise [verifier] timeout_sec in task.toml or speed the tests up")
     for path in REWARD_FILES:
-        text = await _read_optional(sandbox, path)
+        text = await _read_optional(sandbox, path, task)
         if text is not None:
             return _parse_reward(task, path, text)
     output = (result.stderr or result.stdout).strip().splitlines()
@@ -332,14 +332,17 @@ async def run_harbor_tests(sandbox: Sandbox, task: str, timeout_s: float,
                         "reward, e.g. echo 1 > /logs/verifier/reward.txt")
 
 
-def _raise_if_dead(result: ExecResult) -> None:
-    if result.error_type in ("container_died", "exec_failed"):
-        raise SandboxError(result.error_message or f"verifier exec failed: {result.error_type}")
+def _raise_if_dead(result: ExecResult, task: str) -> None:
+    if result.error_type == "container_died":
+        raise SandboxError(result.error_message or "the sandbox died while verifying")
+    if result.error_type == "exec_failed":
+        raise VerifierError(f"harbor task {task}: cannot run the verifier "
+                            f"({result.error_message}); the image needs sh and bash")
 
 
-async def _read_optional(sandbox: Sandbox, path: str) -> str | None:
+async def _read_optional(sandbox: Sandbox, path: str, task: str) -> str | None:
     probe = await sandbox.exec(["test", "-f", path], timeout=30)
-    _raise_if_dead(probe)
+    _raise_if_dead(probe, task)
     if probe.exit_code != 0:
         return None
     return (await sandbox.read_file(path)).decode("utf-8", errors="replace")

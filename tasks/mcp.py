@@ -311,7 +311,7 @@ class SandboxConnection(Connection):
     async def _client(self, send: list[dict[str, Any]], want: int | None,
                       timeout_s: float, method: str) -> dict[str, Any]:
         result = await self.sandbox.exec(
-            ["python3", "-I", "-c", _CLIENT, self.dir, json.dumps(send), json.dumps(want)],
+            ["python3", "-I", "-S", "-c", _CLIENT, self.dir, json.dumps(send), json.dumps(want)],
             timeout=timeout_s)
         if result.error_type == "container_died":
             raise SandboxError(result.error_message or "the sandbox died during an MCP call")

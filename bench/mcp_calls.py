@@ -70,8 +70,9 @@ async def timed_calls(connection: Connection, calls: int) -> tuple[float, list[f
 def report(mode: str, first: float, rest: list[float]) -> None:
     rest = sorted(rest)
     p90 = rest[int(0.9 * (len(rest) - 1))]
-    print(f"{mode:<10} first call {first * 1000:7.0f} ms   then median "
-          f"{statistics.median(rest) * 1000:6.1f} ms, p90 {p90 * 1000:6.1f} ms  ({len(rest)} calls)")
+    median = statistics.median(rest)
+    print(f"{mode:<10} first call {first * 1000:7.0f} ms   then median {median * 1000:6.1f} ms, "
+          f"p90 {p90 * 1000:6.1f} ms  ({len(rest)} calls)")
 
 
 async def main(calls: int) -> None:

@@ -408,7 +408,12 @@ def harbor_family(path: str, *, extra_tools: Sequence[Tool] = (),
         raise HarborTaskError(f"[tasks.harbor] {'.'.join(map(str, first['loc']))}: "
                               f"{first['msg']}") from None
     tasks = read_tasks(path)
-    instances = [make_instance(task, parsed, extra_tools) for task in tasks]
+    try:
+        instances = [make_instance(task, parsed, extra_tools) for task in tasks]
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise HarborTaskError(f"[tasks.harbor] {err.title} {'.'.join(map(str, first['loc']))}: "
+                              f"{first['msg']}; fix that setting") from None
     root = Path(path).expanduser().resolve()
     name = "harbor-" + (_SLUG.sub("-", root.name.lower()).strip("-.") or "tasks")
 

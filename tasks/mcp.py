@@ -476,6 +476,7 @@ def with_tools(family: TaskFamily, tools: Sequence[Tool]) -> TaskFamily:
 
     demonstrate: Callable[[TaskInstance, bool], Any] | None = (
         family.demonstration if family.has_demonstrations else None)
+    make(0, family.splits[0])  # a name clash shows now, not mid-job
     return TaskFamily(family.name, make, demonstrate=demonstrate, size=family.size,
                       splits=family.splits, description=family.description,
                       options=family.options)

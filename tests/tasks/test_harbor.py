@@ -103,6 +103,8 @@ def test_bad_references_and_settings(tmp_path):
     assert "no Harbor task folders" in _error(f"harbor:{tmp_path / 'empty'}")
     assert "not ['max_memory']" in _error(f"harbor:{EXAMPLES}", {"max_memory": 3})
     assert "[tasks.harbor] max_cpus" in _error(f"harbor:{EXAMPLES}", {"max_cpus": -1})
+    assert "[tasks.harbor] TaskLimits max_turnz: Extra inputs" in _error(
+        f"harbor:{EXAMPLES}", {"limits": {"max_turnz": 3}})
     for folder in ("a", "b"):
         toml = copy_task(tmp_path, to=folder) / "task.toml"
         toml.write_text('[task]\nname = "same"\n' + toml.read_text().replace('version = "1.0"', ""))

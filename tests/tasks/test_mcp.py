@@ -98,3 +98,6 @@ def test_job_config_and_family_with_mcp_tools():
     assert task.key == family.instance(3).key
     assert task.content_hash != family.instance(3).content_hash
     assert extended.by_key(task.key).content_hash == task.content_hash
+    clashing = mcp_tool(McpServerConfig(command=["x"]), {"name": "python"})
+    with pytest.raises(ValueError, match=r"MCP tools \['python'\] clash.*prefix"):
+        with_tools(family, [clashing])

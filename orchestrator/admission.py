@@ -7,7 +7,8 @@ count exactly why work was excluded. Rules, in order:
 
 1. member rules, each member on its own
    - `infra_error` (sandbox or engine failure): always excluded and never scored; the group's
-     statistics are computed without it (reason `infra_error`)
+     statistics are computed without it (reason `infra_error`); a verifier that could not
+     score (crashed, timed out, wrote no reward) is treated the same (reason `verifier_error`)
    - `timeout` (wall or working time ran out): `fail` trains on it with reward 0
      (`timeout_fail`), `mask` keeps it in the group's statistics but out of the loss
      (`timeout_mask`), `drop` excludes it (`timeout_drop`)
@@ -32,7 +33,7 @@ from typing import Literal, Sequence
 
 from stalewise.config import AdmissionConfig
 
-OutcomeKind = Literal["ok", "timeout", "overlong", "infra_error", "failed"]
+OutcomeKind = Literal["ok", "timeout", "overlong", "infra_error", "verifier_error", "failed"]
 Action = Literal["admit", "mask", "drop", "requeue"]
 
 
@@ -85,8 +86,8 @@ def decide_member(member: MemberOutcome, cfg: AdmissionConfig, learner_version: 
     def decision(action: Action, reason: str, reward: float | None = reward) -> Decision:
         return Decision(member.trajectory_id, action, reason, lag, reward)
 
-    if member.kind == "infra_error":
-        return decision("drop", "infra_error", None)
+    if member.kind in ("infra_error", "verifier_error"):
+        return decision("drop", member.kind, None)
     if member.kind == "timeout":
         if cfg.timeout == "fail":
             return decision("admit", "timeout_fail", 0.0)

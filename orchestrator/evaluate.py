@@ -39,6 +39,8 @@ async def evaluate(*, label: str, run_id: str, version: int, store: Store, write
                    acquire, params: SamplingParams, instances: int, concurrency: int,
                    options: RolloutOptions = RolloutOptions()) -> EvalResult:
     limiter = anyio.CapacityLimiter(concurrency)
+    if family.size is not None:  # a finite family (Harbor folders): each instance once at most
+        instances = min(instances, family.size)
     rewards: list[float] = []
     infra = 0
 

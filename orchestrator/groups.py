@@ -22,7 +22,7 @@ TIMEOUT_STOPS = {StopReason.WALL_TIME, StopReason.WORKING_TIME}
 
 def outcome_kind(outcome: TrajectoryOutcome) -> OutcomeKind:
     if outcome.status is TrajectoryStatus.INFRA_ERROR:
-        return "infra_error"
+        return "verifier_error" if outcome.error_type == "verifier_error" else "infra_error"
     if outcome.status is TrajectoryStatus.FAILED:
         return "failed"
     if outcome.status is TrajectoryStatus.TRUNCATED:

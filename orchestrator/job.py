@@ -40,6 +40,7 @@ from stalewise.log import bind_run, configure_logging, get_logger
 from stalewise.store import audit
 from stalewise.store.store import Store
 from stalewise.tokenizer import load_tokenizer
+from tasks.api import TaskFamily
 from tasks.chat import make_chat_format
 from tasks.loading import load_family
 
@@ -203,6 +204,20 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
             store.close()
 
 
+async def with_job_tools(family: TaskFamily, job: JobConfig, run_id: str) -> TaskFamily:
+    """The family with the job's `[[tools.mcp]]` tools added (listed once, now; servers that are
+    not trusted are listed inside a sandbox of the first task's spec)."""
+    if not job.tools.mcp:
+        return family
+    from sandboxes.backends import make_sandbox
+    from tasks.mcp import discover_tools, with_tools
+
+    spec = family.instance(0, family.splits[0]).sandbox.model_copy(update={"files": {}})
+    tools = await discover_tools(job.tools.mcp, spec, lambda s: make_sandbox(
+        s, backend=job.sandbox.backend, run_id=run_id, trajectory_id="mcp-list"))
+    return with_tools(family, tools)
+
+
 def _check_docker() -> None:
     from sandboxes.engine import connect
 
@@ -228,7 +243,8 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                 engine_proc, learner_proc: Supervised, version: int, resumed: bool) -> dict:
     url = job.engine.url or engine_proc.url
     backend = "vllm" if job.engine.kind == "vllm" else "stalewise"
-    family = load_family(job.tasks.family, job.tasks.options)
+    family = await with_job_tools(load_family(job.tasks.family, job.tasks.family_options()),
+                                  job, run_id)
     chat_format = make_chat_format(load_tokenizer(model_dir), job.model.chat_format,
                                    tool_listing=job.model.tool_listing)
     started = time.monotonic()

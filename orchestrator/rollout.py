@@ -14,6 +14,9 @@ Contract (locked by tests/orchestrator/test_rollout_semantics.py):
 - Malformed tool calls (bad markup or JSON, unknown tool, arguments failing the schema, too many
   calls in one turn) go back to the model as an error observation and are counted; one more
   than allowed fails the trajectory with reward 0 (the policy's own failure, not verified).
+- Verifier failures: `VerifierError` (the verifier could not score) and a `SandboxError` while
+  verifying are infrastructure errors (`verifier_error`, `sandbox_error`); any other exception
+  or the verifier's timeout fails the trajectory (`verifier_exception`, `verifier_timeout`).
 - Rewards: only `answered` trajectories are verified (truncated ones too if the task sets
   `verify_truncated`); truncated, infra-failed and bug-failed trajectories have reward None, so
   admission decides how to treat them.
@@ -32,7 +35,8 @@ Contract (locked by tests/orchestrator/test_rollout_semantics.py):
 - Sandboxes: the acquirer lends a started sandbox of the task's image and limits (a pool per
   image); the loop writes the task's files into it, and the hidden files after the last turn,
   right before the verifier runs.
-- Cancellation by the caller propagates; sessions and the sandbox are released under a shield.
+- Cancellation by the caller propagates; sessions and the sandbox are released under a shield,
+  and so is anything in the tools' per-trajectory state that has an `aclose()` (MCP servers).
 """
 
 from __future__ import annotations
@@ -78,11 +82,13 @@ from tasks.chat.conversation import Conversation
 from tasks.chat.parsing import extract_answer
 from tasks.messages import ChatMessage
 from tasks.tools import Tool, ToolArgumentError, ToolContext, ToolError, ToolResult
-from tasks.verify import Reward, VerifyContext
+from tasks.verify import Reward, VerifierError, VerifyContext
 
 SandboxAcquirer = Callable[[SandboxSpec], AbstractAsyncContextManager[Sandbox]]
 Gate = Callable[[], AbstractAsyncContextManager[Any]]
 _Checked = tuple[Tool, dict[str, Any]] | str
+# a verifier that could not score: infrastructure, not the policy (kept out of training)
+INFRA_VERIFY_ERRORS = frozenset({"sandbox_error", "verifier_error"})
 
 
 @dataclass(frozen=True)
@@ -252,8 +258,22 @@ class _Rollout:
                              "sandbox_error")
         finally:
             await self._release_sessions()
+            await self._close_tool_state()
         assert stop is not None
         return self._outcome(stop, reward, error)
+
+    async def _close_tool_state(self) -> None:
+        """Close what tools kept per trajectory (an MCP server connection): anything in the
+        tool state with an `aclose()`, under a shield, errors ignored."""
+        closers = [v for v in self.tool_state.values() if callable(getattr(v, "aclose", None))]
+        if not closers:
+            return
+        with self._scope_type(shield=True, deadline=self.now() + self.options.release_timeout_s):
+            for value in closers:
+                try:
+                    await value.aclose()
+                except Exception:  # noqa: BLE001 - closing is best effort; the sandbox goes too
+                    pass
 
     async def _agent(self, sandbox: Sandbox) -> _Stop:
         """The turns, under the wall-time limit; every way out is a `_Stop`."""
@@ -525,6 +545,8 @@ class _Rollout:
                                "verifier_timeout")
         except SandboxError as err:
             return None, _Stop(stop.reason, f"{type(err).__name__}: {err}", "sandbox_error")
+        except VerifierError as err:
+            return None, _Stop(stop.reason, str(err), "verifier_error")
         except Exception as err:
             return None, _Stop(stop.reason, f"verifier raised {type(err).__name__}: {err}\n"
                                + traceback.format_exc(), "verifier_exception")
@@ -569,7 +591,7 @@ class _Rollout:
             reward = Reward(0.0, {"malformed_tool_calls": 1.0})  # the policy's own failure
         if verify_error is not None:
             error_type, error = verify_error.error_type, verify_error.error
-            status = (TrajectoryStatus.INFRA_ERROR if error_type == "sandbox_error"
+            status = (TrajectoryStatus.INFRA_ERROR if error_type in INFRA_VERIFY_ERRORS
                       else TrajectoryStatus.FAILED)
         segments = []
         if self.conversation is not None:

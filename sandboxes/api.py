@@ -60,6 +60,22 @@ class SandboxLimits(BaseModel):
     network: bool = Field(False, description="allow network access (off by default)")
 
 
+class ImageBuild(BaseModel):
+    """How to build `SandboxSpec.image` when the engine does not have it: a Dockerfile folder.
+
+    `base_image_map` replaces `FROM` images (a public name -> a local image, for machines
+    without a registry); `seed_from` is a directory of the built image whose contents become
+    the work dir's starting files (copied to the seed directory in an extra build step)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    context: str = Field(description="folder with a Dockerfile (absolute path)")
+    base_image_map: Mapping[str, str] = Field(default_factory=dict)
+    seed_from: str | None = Field(None, description="image directory copied into the work dir")
+    timeout_s: float = Field(600.0, gt=0, description="build time limit")
+    map_setting: str = Field("base_image_map", description="named in the missing-image error")
+
+
 class SandboxSpec(BaseModel):
     """What to start: an image and its limits, plus files to place in the work dir."""
 
@@ -69,6 +85,18 @@ class SandboxSpec(BaseModel):
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
     files: Mapping[str, str] = Field(default_factory=dict, description="path -> text, put in /work")
     workdir: str = "/work"
+    build: ImageBuild | None = Field(None, description="build `image` from this when missing")
+    scratch_dirs: tuple[str, ...] = Field(
+        (), description="extra empty writable directories (tmpfs, Docker only), e.g. /logs")
+
+    @field_validator("scratch_dirs")
+    @classmethod
+    def _absolute_scratch(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for path in value:
+            if not path.startswith("/") or path.rstrip("/") in ("", "/tmp"):
+                raise ValueError(f"scratch dir {path!r} must be an absolute path other than / "
+                                 "and /tmp, e.g. /logs")
+        return tuple(p.rstrip("/") for p in value)
 
     @field_validator("workdir")
     @classmethod

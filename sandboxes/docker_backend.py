@@ -1,6 +1,7 @@
 """The Docker backend: one hardened container per sandbox, driven through an in-container agent.
 
-Lifecycle: `start()` creates the container (configuration in `sandboxes.hardening`), attaches
+Lifecycle: `start()` builds the spec's image first when it has an `ImageBuild` and the engine
+lacks the image, creates the container (configuration in `sandboxes.hardening`), attaches
 to its stdin/stdout, starts it, sends the agent source, and waits for the agent's hello;
 `close()` kills the container, which the engine then removes (auto-remove). Blocking docker SDK
 calls run in worker threads (`anyio.to_thread`); exec round trips go over the async attach
@@ -15,6 +16,7 @@ starts, and orphan cleanup removes it.
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 from pathlib import Path
@@ -28,6 +30,7 @@ from sandboxes.attach import AttachTransport, open_attach
 from sandboxes.channel import AgentChannel, AgentGone, AgentRequestError
 from sandboxes.engine import connect, docker_host
 from sandboxes.hardening import container_config
+from sandboxes.image import ensure_image
 from sandboxes.session import AgentSession, SessionSandbox
 
 if TYPE_CHECKING:
@@ -84,6 +87,9 @@ class DockerSandbox(SessionSandbox):
         if self._client is None:
             self._client = await anyio.to_thread.run_sync(connect)
         client: "docker.DockerClient" = self._client
+        if self.spec.build is not None:
+            await anyio.to_thread.run_sync(
+                functools.partial(ensure_image, self.spec.image, self.spec.build, client=client))
         labels = lab.container_labels(run_id=self.run_id, trajectory_id=self.trajectory_id,
                                       ttl_s=self.spec.limits.ttl_s)
         self.name = container_name(self.run_id, self.trajectory_id)

@@ -2,7 +2,8 @@
 
 Defaults, every one overridable per task through `SandboxLimits` (validated by pydantic):
 no network (opt in with `network=True`), all capabilities dropped, no-new-privileges, uid/gid
-1000, read-only root with tmpfs /work and /tmp (nosuid, nodev, sized), pids limit, memory limit
+1000, read-only root with tmpfs /work, /tmp and the spec's scratch dirs (nosuid, nodev,
+sized), pids limit, memory limit
 with swap off (memory+swap = memory), CPU quota, nofile/fsize/core ulimits, an init process as
 PID 1, no log driver (outputs travel over the attach stream only), auto-removal when stopped, and
 the labels that orphan cleanup relies on.
@@ -43,6 +44,9 @@ def container_config(api: "APIClient", spec: SandboxSpec, *, labels: Mapping[str
             spec.workdir: f"rw,nosuid,nodev,exec,size={lim.workdir_mb}m,"
                           f"uid={SANDBOX_UID},gid={SANDBOX_GID},mode=0755",
             "/tmp": f"rw,nosuid,nodev,exec,size={lim.tmp_mb}m,mode=1777",
+            **{path: f"rw,nosuid,nodev,exec,size={lim.tmp_mb}m,"
+                     f"uid={SANDBOX_UID},gid={SANDBOX_GID},mode=0755"
+               for path in spec.scratch_dirs},
         },
         pids_limit=lim.pids,
         mem_limit=memory,

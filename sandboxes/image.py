@@ -9,20 +9,27 @@ Guarantees:
 - Every failure raises `SandboxError` saying which step failed and what to do.
 
 Task images are built `FROM stalewise-base:latest` with an ordinary Dockerfile (`build_image`).
+`ensure_image` builds a spec's image from its `ImageBuild` (a Dockerfile folder) when the
+engine lacks it: `FROM` images are substituted by `base_image_map` and must be present locally
+(no registry is assumed; a missing one is a one-line `SandboxError` naming the image and the
+setting that maps it); builds of one tag in this process are serialised.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from sandboxes.api import SandboxError
+from sandboxes.agent import SEED_DIR
+from sandboxes.api import ImageBuild, SandboxError
 from sandboxes.engine import connect
 
 if TYPE_CHECKING:
@@ -204,3 +211,96 @@ def build_image(context_dir: str | Path, tag: str, *,
     except docker.errors.APIError as exc:
         raise SandboxError(f"building {tag} from {context_dir} failed: {exc}") from exc
     return str(image.id)
+
+
+_FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
+_BUILD_LOCKS: dict[str, threading.Lock] = {}
+_BUILD_LOCKS_GUARD = threading.Lock()
+
+
+def from_images(dockerfile: str) -> list[str]:
+    """The images a Dockerfile builds `FROM`, in order (stage names and `scratch` left out)."""
+    images, stages = [], set()
+    for line in dockerfile.splitlines():
+        match = _FROM.match(line)
+        if match is None:
+            continue
+        image, rest = match.group(3), match.group(4).split()
+        if image.lower() != "scratch" and image not in stages:
+            images.append(image)
+        if len(rest) >= 2 and rest[0].lower() == "as":
+            stages.add(rest[1])
+    return images
+
+
+def map_from_images(dockerfile: str, base_image_map: "dict[str, str] | None") -> str:
+    """The Dockerfile with every `FROM` image found in `base_image_map` replaced."""
+    mapping = dict(base_image_map or {})
+    if not mapping:
+        return dockerfile
+
+    def replace(line: str) -> str:
+        match = _FROM.match(line)
+        if match is None or match.group(3) not in mapping:
+            return line
+        return match.group(1) + match.group(2) + mapping[match.group(3)] + match.group(4)
+    return "\n".join(replace(line) for line in dockerfile.splitlines()) + "\n"
+
+
+def _missing_base(dockerfile: Path, base: str, named: str, build: ImageBuild) -> str:
+    if base.split(":")[0] == BASE_IMAGE.split(":")[0]:
+        return (f"{dockerfile}: FROM image {base!r} is not built yet; run "
+                "`stalewise sandbox build-base` (scripts/sandbox_setup.sh does it)")
+    via = f" (mapped from {named!r})" if named != base else ""
+    return (f"{dockerfile}: FROM image {base!r}{via} is not in the local Docker engine and no "
+            f"registry is assumed; map it to a local image with {build.map_setting} = "
+            f"{{ \"{named}\" = \"stalewise-base\" }} (or `docker load` it)")
+
+
+def _seed_step(seed_from: str) -> str:
+    return (f"\nUSER root\nRUN mkdir -p {SEED_DIR} && if [ -d '{seed_from}' ]; then "
+            f"cp -a '{seed_from}'/. {SEED_DIR}/; fi && chmod -R a+rX {SEED_DIR}\n")
+
+
+def ensure_image(image: str, build: ImageBuild, *,
+                 client: "docker.DockerClient | None" = None) -> bool:
+    """Build `image` from `build` unless the engine has it; True when it was built now."""
+    client = client or connect()
+    if image_exists(client, image) is not None:
+        return False
+    with _BUILD_LOCKS_GUARD:
+        lock = _BUILD_LOCKS.setdefault(image, threading.Lock())
+    with lock:
+        if image_exists(client, image) is not None:
+            return False
+        _build_from_folder(client, image, build)
+    return True
+
+
+def _build_from_folder(client: "docker.DockerClient", image: str, build: ImageBuild) -> None:
+    import docker.errors
+
+    context = Path(build.context)
+    dockerfile = context / "Dockerfile"
+    if not dockerfile.is_file():
+        raise SandboxError(f"{context}: no Dockerfile to build {image} from")
+    original = dockerfile.read_text()
+    text = map_from_images(original, dict(build.base_image_map))
+    mapped_from = {build.base_image_map.get(image, image): image for image in from_images(original)}
+    for base in from_images(text):
+        if image_exists(client, base) is None:
+            raise SandboxError(_missing_base(dockerfile, base, mapped_from.get(base, base), build))
+    if build.seed_from:
+        text += _seed_step(build.seed_from)
+    with tempfile.TemporaryDirectory(prefix="stalewise-build-") as tmp:
+        shutil.copytree(context, tmp, dirs_exist_ok=True)
+        (Path(tmp) / "Dockerfile").write_text(text)
+        try:
+            client.images.build(path=tmp, tag=image, rm=True, forcerm=True, pull=False,
+                                timeout=int(build.timeout_s))
+        except docker.errors.BuildError as exc:
+            lines = [str(x.get("stream") or x.get("error") or "") for x in exc.build_log]
+            tail = "".join(lines).strip().splitlines()[-1:] or [exc.msg]
+            raise SandboxError(f"building {image} from {context} failed: {tail[0]}") from exc
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"building {image} from {context} failed: {exc}") from exc

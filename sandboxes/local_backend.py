@@ -81,6 +81,10 @@ class LocalSandbox(SessionSandbox):
     async def start(self) -> None:
         if self._session is not None or self._closed:
             raise SandboxError("LocalSandbox.start() called twice; create a new sandbox instead")
+        if self.spec.scratch_dirs or self.spec.build is not None:
+            raise SandboxError("this task needs an image built from a Dockerfile or scratch dirs "
+                               f"({', '.join(self.spec.scratch_dirs) or 'none'}), which only the "
+                               "Docker backend provides: set [sandbox] backend = \"docker\"")
         log.warning(WARNING)
         self.root = Path(tempfile.mkdtemp(prefix="stalewise-local-", dir=self._root_arg))
         work, tmp = self.root / "work", self.root / "tmp"

@@ -68,7 +68,8 @@ class AgentSession:
         self.remap = remap
         self.base_env = {"PATH": DEFAULT_PATH, "HOME": home or spec.workdir, "LANG": "C.UTF-8"}
         # emptied by reset(); paths as the agent sees them (already remapped)
-        self.scratch_dirs = scratch_dirs if scratch_dirs is not None else (spec.workdir, "/tmp")
+        self.scratch_dirs = scratch_dirs if scratch_dirs is not None else (
+            spec.workdir, "/tmp", *spec.scratch_dirs)
 
     def _check_alive(self) -> None:
         if self.channel.gone is not None:

@@ -31,6 +31,8 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ requirements.lock -
   touch "$STAMP"
 fi
 
+bash scripts/ensure_mcp_sdk.sh "$VENV/bin/python"  # MCP SDK folder for in-sandbox MCP servers (tests)
+
 if [ "${STALEWISE_SKIP_DOCKER:-0}" != "1" ]; then
   bash scripts/sandbox_setup.sh "$VENV/bin/stalewise"
 fi

@@ -11,6 +11,7 @@ from sandboxes.cli import app as sandbox_app
 from stalewise.commands.audit import app as audit_app
 from stalewise.commands.db import app as db_app
 from stalewise.commands.run import run_command
+from stalewise.commands.tasks import check_command as tasks_check_command
 from tasks.cli import app as tasks_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -18,7 +19,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 app.command("run")(run_command)
 app.add_typer(db_app, name="db", help="Migrate and check the SQL store.")
 app.add_typer(audit_app, name="audit", help="Inspect runs, trajectories and tokens.")
-app.add_typer(tasks_app, name="tasks", help="Task families: list, show, check.")
+tasks_app.command("check")(tasks_check_command)
+app.add_typer(tasks_app, name="tasks", help="Task families: list, show, check, tools.")
 app.add_typer(sandbox_app, name="sandbox", help="Docker sandboxes: build, run, clean up, check.")
 app.add_typer(engine_app, name="engine", help="The embedded inference engine.")
 app.add_typer(model_app, name="model", help="Create and inspect policy checkpoints.")

@@ -19,6 +19,8 @@ from learner.config import LearnerConfig
 from stalewise.config_base import ConfigSection as Section
 from stalewise.config_errors import ConfigError, read_toml, validate
 from stalewise.engine_config import EngineConfig
+from tasks.harbor import HarborSettings
+from tasks.mcp import ToolsConfig
 
 
 class RunConfig(Section):
@@ -68,6 +70,14 @@ class TasksConfig(Section):
     family: str = Field("arith", description="entry-point name or 'path/to/file.py:attribute'")
     options: dict[str, Any] = Field(default_factory=dict, description="passed to the family")
     eval_instances: int = Field(64, ge=0, description="held-out instances for before/after eval")
+    harbor: HarborSettings = Field(default_factory=HarborSettings,
+                                   description="how family = 'harbor:PATH' tasks run")
+
+    def family_options(self) -> dict[str, Any]:
+        """What the family factory gets: `options`, plus `[tasks.harbor]` for Harbor folders."""
+        if self.family.strip().startswith("harbor:"):
+            return {**self.harbor.model_dump(), **self.options}
+        return dict(self.options)
 
 
 class RolloutConfig(Section):
@@ -110,6 +120,7 @@ class JobConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)

@@ -1,4 +1,7 @@
-"""`stalewise tasks ...`: list, show and check task families (no torch, no sandbox needed)."""
+"""`stalewise tasks ...`: list, show and export the tools of task families (no torch, no sandbox).
+
+`check` needs a sandbox for Harbor folders, so it lives in `stalewise/commands/tasks.py`.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ app = typer.Typer(no_args_is_help=True)
 OPTIONS_HELP = 'factory options as JSON, e.g. \'{"max_k": 5}\''
 
 
-def _options(text: str) -> dict[str, Any]:
+def parse_options(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text) if text else {}
     except json.JSONDecodeError as err:
@@ -22,11 +25,11 @@ def _options(text: str) -> dict[str, Any]:
     return value
 
 
-def _load(ref: str, options: str) -> Any:
+def load_or_exit(ref: str, options: str) -> Any:
     from tasks.loading import TaskLoadError, load_family
 
     try:
-        return load_family(ref, _options(options))
+        return load_family(ref, parse_options(options))
     except TaskLoadError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=1) from None
@@ -47,7 +50,7 @@ def show_command(ref: str = typer.Argument(..., help="family reference (file.py:
                  count: int = typer.Option(3, min=1, help="instances to show"),
                  split: str = typer.Option("train", help="split to draw from")) -> None:
     """Print the first instances of a family: key, difficulty, hash, prompt, tools."""
-    family = _load(ref, options)
+    family = load_or_exit(ref, options)
     for task in family.instances(split, count=count):
         prompt = " | ".join(f"{m.role}: {m.content}" for m in task.prompt)
         typer.echo(f"{task.key}  [{task.difficulty}]  {task.content_hash[:12]}")
@@ -55,20 +58,22 @@ def show_command(ref: str = typer.Argument(..., help="family reference (file.py:
         typer.echo(f"  prompt: {prompt}")
 
 
-@app.command("check")
-def check_command(ref: str = typer.Argument(..., help="family reference (file.py:attr, name)"),
+@app.command("tools")
+def tools_command(ref: str = typer.Argument(..., help="family reference (file.py:attr, name, "
+                                                      "harbor:PATH)"),
+                  fmt: str = typer.Option("openai", "--format",
+                                          help="openai (function tools) or mcp (tool descriptors)"),
                   options: str = typer.Option("", help=OPTIONS_HELP),
-                  count: int = typer.Option(20, min=1, help="instances per split to check")
+                  count: int = typer.Option(20, min=1, help="instances whose tools to collect")
                   ) -> None:
-    """Build instances, check keys, tool schemas and demonstrations; exit 1 on any problem."""
-    from tasks.check import check_family
+    """Print the family's tools (union over its first instances) as JSON."""
+    from tasks.tool_export import export_tools
 
-    family = _load(ref, options)
-    problems = check_family(family, count)
-    for problem in problems:
-        typer.echo(f"problem: {problem}", err=True)
-    if problems:
-        raise typer.Exit(code=1)
-    demos = "with demonstrations" if family.has_demonstrations else "no demonstrations"
-    typer.echo(f"ok: {family.name}, {count} instances per split ({', '.join(family.splits)}), "
-               f"{demos}")
+    if fmt not in ("openai", "mcp"):
+        raise typer.BadParameter(f"--format must be openai or mcp, not {fmt!r}")
+    family = load_or_exit(ref, options)
+    tools: dict[str, Any] = {}
+    for task in family.instances("train", count=count):
+        for tool in task.tools:
+            tools.setdefault(tool.name, tool)
+    typer.echo(json.dumps(export_tools(list(tools.values()), fmt), indent=2))

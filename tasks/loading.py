@@ -1,6 +1,7 @@
 """Load a task family from a Python file, a module, or an installed entry point.
 
 References, tried in this order:
+- `harbor:path/to/tasks`: Harbor task folders (`tasks.harbor`), options = `[tasks.harbor]`;
 - `path/to/file.py:name` or `path/to/file.py` (attribute `family`): a file, loaded as a module;
 - an entry-point name in the group `stalewise.tasks` (`arith`, `codefix`, `longhaul`, ...);
 - `package.module:name` or `package.module` (attribute `family`): an importable module.
@@ -26,6 +27,7 @@ from typing import Any
 from tasks.api import TaskFamily
 
 GROUP = "stalewise.tasks"
+HARBOR_PREFIX = "harbor:"
 
 
 class TaskLoadError(ValueError):
@@ -38,6 +40,8 @@ def available_entry_points() -> list[str]:
 
 def load_family(ref: str, options: Mapping[str, Any] | None = None) -> TaskFamily:
     """The `TaskFamily` named by `ref` (see the module docstring), built with `options`."""
+    if ref.strip().startswith(HARBOR_PREFIX):
+        return _harbor(ref.strip()[len(HARBOR_PREFIX):], options)
     target, attribute = _split(ref)
     if target.endswith(".py") or "/" in target or "\\" in target:
         return _build(_load_file(target), attribute or "family", ref, options)
@@ -58,6 +62,21 @@ def load_family(ref: str, options: Mapping[str, Any] | None = None) -> TaskFamil
             f"importable module ({err}). Use 'path/to/file.py:family', an entry-point name, or "
             "'package.module:family'.") from err
     return _build(module, attribute or "family", ref, options)
+
+
+def _harbor(path: str, options: Mapping[str, Any] | None) -> TaskFamily:
+    from tasks.harbor import HarborSettings, HarborTaskError, harbor_family
+
+    unknown = set(options or {}) - set(HarborSettings.model_fields) - {"extra_tools"}
+    if unknown:
+        raise TaskLoadError(f"harbor families take the [tasks.harbor] settings "
+                            f"({', '.join(HarborSettings.model_fields)}), not {sorted(unknown)}")
+    if not path:
+        raise TaskLoadError('empty Harbor path; use family = "harbor:path/to/tasks"')
+    try:
+        return harbor_family(path, **dict(options or {}))
+    except HarborTaskError as err:
+        raise TaskLoadError(str(err)) from None
 
 
 def _split(ref: str) -> tuple[str, str | None]:

@@ -6,6 +6,9 @@ weight 0 is a metric: it appears in the breakdown and never moves the reward. Co
 one after another in declaration order (they may share the sandbox). Any callable returning a
 `Reward` can serve as a verifier too.
 
+A verifier raises `VerifierError` when it cannot score at all (an external test script that
+crashed or wrote no reward); any other exception is a bug in the verifier.
+
 Hidden files of the task are written into the sandbox by the agent loop right before the
 verifier runs, never earlier, so the agent cannot see them.
 """
@@ -23,6 +26,14 @@ from tasks.messages import ChatMessage
 
 if TYPE_CHECKING:
     from tasks.api import TaskInstance
+
+
+class VerifierError(Exception):
+    """The verifier could not score (its script crashed, timed out, or wrote no reward).
+
+    Not the policy's failure and not reward 0: the agent loop records the trajectory as an
+    infrastructure error (`error_type = verifier_error`) and admission keeps it out of training.
+    """
 
 
 @dataclass(frozen=True)

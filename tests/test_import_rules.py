@@ -13,7 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("stalewise", "orchestrator", "sandboxes", "tasks", "engine", "learner", "lab",
         "migrations")
-SHARED_TYPES = ("stalewise.records", "stalewise.engine_api", "sandboxes.api")
+SHARED_TYPES = ("stalewise.records", "stalewise.engine_api", "stalewise.engine_config",
+                "stalewise.config_base", "sandboxes.api")
 HEAVY = ("torch", "transformers", "safetensors")
 
 
@@ -26,7 +27,8 @@ class Rule:
 
 RULES = (
     Rule("sandboxes", tuple(p for p in OURS if p != "sandboxes") + HEAVY),
-    Rule("tasks", tuple(p for p in OURS if p != "tasks") + HEAVY, allowed=("sandboxes.api",)),
+    Rule("tasks", tuple(p for p in OURS if p != "tasks") + HEAVY,
+         allowed=("sandboxes.api", "stalewise.config_base")),
     # the orchestrator loads tokenizers (transformers, without torch) but never a model
     Rule("orchestrator", ("learner", "lab", "torch", "safetensors"), allowed=("learner.config",)),
     Rule("orchestrator", ("engine",), allowed=("engine.launch",)),
@@ -35,6 +37,8 @@ RULES = (
     Rule("lab", ("orchestrator", "sandboxes", "tasks", "engine")),
     Rule("stalewise/records.py", OURS + HEAVY),
     Rule("stalewise/engine_api.py", OURS + HEAVY, allowed=("stalewise.records",)),
+    Rule("stalewise/config_base.py", OURS + HEAVY),
+    Rule("stalewise/engine_config.py", OURS + HEAVY, allowed=("stalewise.config_base",)),
 )
 
 

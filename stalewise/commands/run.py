@@ -21,15 +21,34 @@ def load_or_exit(path: Path, overrides: list[str] | None = None):
         raise typer.Exit(2) from None
 
 
-def check_family_or_exit(job, config: Path) -> None:
+def check_family_or_exit(job, config: Path):
     """Resolve `[tasks] family` now, so a bad reference fails before any run is created."""
     from tasks.loading import TaskLoadError, load_family
 
     try:
-        load_family(job.tasks.family, job.tasks.options)
+        return load_family(job.tasks.family, job.tasks.family_options())
     except TaskLoadError as exc:
         typer.echo(f"error: {config}: tasks.family: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+def build_images_or_exit(job, family, config: Path) -> None:
+    """Build the images of a finite family's tasks that come from Dockerfile folders (Harbor
+    tasks) now, so a missing FROM image fails before any run is created, in one line."""
+    if family.size is None or job.sandbox.backend == "local":
+        return
+    from sandboxes.api import SandboxError
+    from sandboxes.image import ensure_image
+
+    tasks = {t.sandbox.image: t for t in family.instances(family.splits[0])
+             if t.sandbox.build is not None}
+    for image, task in tasks.items():
+        name = task.data.get("harbor_task", task.key)
+        try:
+            ensure_image(image, task.sandbox.build)
+        except SandboxError as exc:
+            typer.echo(f"error: {config}: tasks.family: task {name}: {exc}", err=True)
+            raise typer.Exit(2) from None
 
 
 def check_resumable_or_exit(job, run_id: str) -> None:
@@ -61,13 +80,14 @@ def run_command(config: Path = typer.Argument(..., help="job config (TOML)"),
                                         "(repeatable), e.g. --set run.seed=1")) -> None:
     """Run an RL job described by CONFIG."""
     job = load_or_exit(config, overrides)
-    check_family_or_exit(job, config)
+    family = check_family_or_exit(job, config)
     if resume is not None:
         check_resumable_or_exit(job, resume)
     if dry_run:
         typer.echo(json.dumps(job.model_dump(mode="json"), indent=2))
         typer.echo(f"{config}: config is valid", err=True)
         return
+    build_images_or_exit(job, family, config)
     from orchestrator.job import run_job
 
     raise typer.Exit(run_job(job, resume=resume))

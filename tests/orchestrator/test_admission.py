@@ -28,6 +28,8 @@ MEMBER_CASES = [
     ("stale keep", {"max_lag": 2, "stale": "keep"}, member(version=V - 5), "admit", "stale_keep", 1.0),
     ("infra error excluded, unscored", {}, member(kind="infra_error", reward=None), "drop",
      "infra_error", None),
+    ("a verifier that could not score is excluded and counted apart", {},
+     member(kind="verifier_error", reward=None), "drop", "verifier_error", None),
     ("infra error is not scored 0 even with timeout=fail", {"timeout": "fail"},
      member(kind="infra_error", reward=None), "drop", "infra_error", None),
     ("timeout fail", {"timeout": "fail"}, member(kind="timeout", reward=None), "admit",

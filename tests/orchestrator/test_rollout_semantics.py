@@ -23,7 +23,8 @@ local process backend and, marked `docker`, the Docker backend):
  8. Engine failures are infrastructure errors: `engine_error` (EngineError, invalid reply),
     `engine_abort`.
  9. Hidden files are absent during the turns and present for the verifier; a verifier that
-    raises fails the trajectory (`verifier_exception`) with reward None; `verify_truncated`
+    raises fails the trajectory (`verifier_exception`) with reward None, one that cannot score
+    (`VerifierError`) is an infrastructure error (`verifier_error`); `verify_truncated`
     verifies truncated trajectories too.
 10. A template that cannot extend exactly starts a new segment (context_len 0), never a fake
     prefix.
@@ -57,6 +58,7 @@ from tasks.chat import HermesChatFormat, TemplateChatFormat
 from tasks.suites.common import call_text
 from tasks.testing import FakeSandbox
 from tasks.tools import ToolResult, exec_observation
+from tasks.verify import VerifierError
 
 pytestmark = pytest.mark.anyio
 
@@ -491,6 +493,15 @@ async def test_verifier_errors_and_verify_truncated(acquire):
                                                      StopReason.ANSWERED)
     assert outcome.error_type == "verifier_exception" and outcome.reward is None
     assert "KeyError" in outcome.error
+
+    def cannot_score(ctx) -> float:
+        raise VerifierError("the test script wrote no reward")
+
+    task = make_task(verifier=Rubric(Component("x", cannot_score)))
+    outcome, _ = await run(task, engine_for(ANSWER), acquire)
+    assert (outcome.status, outcome.error_type) == (TrajectoryStatus.INFRA_ERROR,
+                                                    "verifier_error")
+    assert outcome.error == "the test script wrote no reward" and outcome.reward is None
 
     engine = engine_for(*[call_text("echo", {"text": "a"})] * 2)
     outcome, _ = await run(make_task(max_turns=2, verify_truncated=True), engine, acquire)

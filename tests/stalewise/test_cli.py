@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from stalewise.cli import app
@@ -151,6 +153,21 @@ def test_a_task_family_that_does_not_load_fails_before_any_run(tmp_path):
             result = runner.invoke(app, args)
             assert result.exit_code == 2, result.output
             assert "tasks.family:" in result.output and says in result.output
+    assert not db.exists()  # no run was created
+
+
+@pytest.mark.docker
+def test_a_harbor_task_whose_from_image_is_missing_fails_before_any_run(tmp_path):
+    tasks = tmp_path / "tasks"
+    shutil.copytree(ROOT / "examples" / "harbor" / "sum-numbers", tasks / "sums")
+    db = tmp_path / "runs.db"
+    job = tmp_path / "job.toml"
+    job.write_text(f'[run]\ndb_url = "sqlite:///{db}"\n[tasks]\nfamily = "harbor:{tasks}"\n')
+    result = runner.invoke(app, ["run", str(job)])
+    assert result.exit_code == 2, result.output
+    [line] = result.output.strip().splitlines()
+    assert "tasks.family: task stalewise/sum-numbers:" in line
+    assert '[tasks.harbor] base_image_map = { "python:3.12-slim" = "stalewise-base" }' in line
     assert not db.exists()  # no run was created
 
 

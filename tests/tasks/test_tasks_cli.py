@@ -1,4 +1,5 @@
-"""`stalewise tasks list | show | check`, end to end through the typer app."""
+"""`stalewise tasks list | show | check`, end to end through the typer apps (`check` is wired in
+`stalewise.cli`, since Harbor folders need a sandbox)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from stalewise.cli import app as stalewise_app
 from tasks.cli import app
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "my_task.py")
@@ -22,7 +24,7 @@ def test_list_and_show():
 
 def test_check_passes_for_shipped_families_and_the_example():
     for ref in ("arith", "codefix", "longhaul", f"{EXAMPLE}:family"):
-        result = runner.invoke(app, ["check", ref, "--count", "5"])
+        result = runner.invoke(stalewise_app, ["tasks", "check", ref, "--count", "5"])
         assert result.exit_code == 0, (ref, result.output)
         assert result.output.startswith("ok: ")
 
@@ -41,7 +43,7 @@ def test_check_reports_broken_families(tmp_path):
         "    call = '<tool_call>{\"name\":\"python\",\"arguments\":{\"cod\":1}}</tool_call>'\n"
         "    return Demonstration(task, (DemoTurn(call),), correct=True)\n"
         "family = TaskFamily('broken', make, demonstrate=demo)\n")
-    result = runner.invoke(app, ["check", str(broken), "--count", "1"])
+    result = runner.invoke(stalewise_app, ["tasks", "check", str(broken), "--count", "1"])
     assert result.exit_code == 1
     assert "different content" in result.output
     assert "bad arguments for python" in result.output

@@ -1,0 +1,2 @@
+#!/bin/bash
+wc -l < events.log > count.txt

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from learner.config import LearnerConfig
 from stalewise.config_errors import read_toml, validate
+from stalewise.engine_api import KvPolicy
 
 
 class Section(BaseModel):
@@ -111,7 +112,7 @@ class AdmissionConfig(Section):
 
 class PipelineConfig(Section):
     mode: Literal["sync", "async", "inflight"] = "async"
-    kv: Literal["retain", "recompute"] = "recompute"
+    kv: KvPolicy = "recompute"
     steps: int = Field(20, ge=1, description="learner steps of the RL phase (the batch size "
                        "and the weight refresh period are learner.batch_size and "
                        "learner.publish_every)")

@@ -70,6 +70,7 @@ from stalewise.engine_api import (
 __all__ = ["Backend", "EmbeddedEngineClient", "EngineClient", "EngineTimeouts",
            "VersionNotResidentError", "VllmEngineClient", "WeightUpdateReport", "engine_client"]
 
+
 class EmbeddedEngineClient(EngineClient):
     """The embedded engine's `/stalewise/*` routes (see module docstring)."""
 
@@ -91,7 +92,7 @@ class EmbeddedEngineClient(EngineClient):
                 except EngineError:
                     pass  # the engine also aborts on disconnect
             raise
-        result = decode_generate_reply(payload, source=f"the {self.http.where(GENERATE_ROUTE)}")
+        result = decode_generate_reply(payload, source=self.http.sender(GENERATE_ROUTE))
         self._saw_versions(result.tokens.weights_versions)
         return result
 
@@ -114,7 +115,7 @@ class EmbeddedEngineClient(EngineClient):
                                        read_timeout=self.timeouts.admin,
                                        json_body=body.model_dump(mode="json"))
         reply = decode_reply(UpdateWeightsReply, payload,
-                             source=f"the {self.http.where(UPDATE_WEIGHTS_ROUTE)}")
+                             source=self.http.sender(UPDATE_WEIGHTS_ROUTE))
         self._version = reply.version
         return WeightUpdateReport.from_reply(reply, self.backend)
 
@@ -123,12 +124,12 @@ class EmbeddedEngineClient(EngineClient):
         payload = await self.http.call("POST", ABORT_ROUTE,
                                        json_body=body.model_dump(exclude_defaults=True))
         return decode_reply(AbortReply, payload,
-                            source=f"the {self.http.where(ABORT_ROUTE)}").aborted
+                            source=self.http.sender(ABORT_ROUTE)).aborted
 
     async def metrics(self) -> dict[str, float]:
         payload = await self.http.call("GET", METRICS_ROUTE)
         return decode_reply(dict[str, float], payload,
-                            source=f"the {self.http.where(METRICS_ROUTE)}")
+                            source=self.http.sender(METRICS_ROUTE))
 
 
 CLIENTS: dict[str, type[EngineClient]] = {EmbeddedEngineClient.backend: EmbeddedEngineClient,

@@ -118,6 +118,10 @@ class EngineTransport:
     def where(self, path: str) -> str:
         return f"{self.backend} engine at {self.base_url}{path}"
 
+    def sender(self, path: str) -> str:
+        """Who sent a reply, for `stalewise.engine_api`'s decoding errors."""
+        return f"the {self.where(path)}"
+
     # ---- one request -----------------------------------------------------------------------
     async def send(self, method: str, path: str, *, read_timeout: float, idempotent: bool,
                    json_body: Any = None, params: dict | None = None) -> httpx.Response:

@@ -252,7 +252,7 @@ def _array(reply: GenerateReply, name: str, dtype: np.dtype, count: int,
     if data is None:
         raise _malformed(source, "generate", name, f"missing (topk is {reply.topk})")
     try:
-        raw = base64.b64decode(data, validate=True)
+        raw = binascii.a2b_base64(data, strict_mode=True)
     except (binascii.Error, ValueError) as exc:
         raise _malformed(source, "generate", name, f"not base64 ({exc})") from exc
     if len(raw) != count * dtype.itemsize:

@@ -3,7 +3,7 @@
     .venv/bin/python bench/engine.py [--tokens 128] [--prompt 32] [--sessions 1,8,32]
 
 Prints, for each number of concurrent sessions B:
-- engine (HTTP): B concurrent `generate` calls through `EngineClient` to a real
+- engine (HTTP): B concurrent `generate` calls through the engine client to a real
   `stalewise engine serve` child process; aggregate sampled tokens/s over the wall time;
 - engine (in-process): the same requests submitted straight to the engine core;
 - HF generate: one static batch of B prompts through `model.generate()` (sampling, KV cache)
@@ -52,11 +52,11 @@ def prompts(batch: int, prompt_len: int, vocab: int, seed: int) -> list[list[int
 
 async def http_rate(url: str, batch: int, prompt_len: int, new_tokens: int, vocab: int,
                     seed: int) -> float:
-    from orchestrator.engine_client import EngineClient
+    from orchestrator.engine_client import engine_client
     from stalewise.engine_api import GenerateRequest, SamplingParams
 
     params = SamplingParams(max_tokens=new_tokens)
-    async with EngineClient(url, ignore_eos=True) as client:
+    async with engine_client(url, ignore_eos=True) as client:
         requests = [GenerateRequest(p, params) for p in prompts(batch, prompt_len, vocab, seed)]
         total = 0
 
@@ -84,7 +84,7 @@ def core_rate(engine, batch: int, prompt_len: int, new_tokens: int, seed: int) -
 
 async def conversation(url: str, turns: int, *, retain: bool, vocab: int) -> dict[str, float]:
     """A multi-turn trajectory: each turn re-sends the whole context plus a tool result."""
-    from orchestrator.engine_client import EngineClient
+    from orchestrator.engine_client import engine_client
     from stalewise.engine_api import GenerateRequest, SamplingParams
 
     context = prompts(1, 64, vocab, seed=7)[0]
@@ -92,7 +92,7 @@ async def conversation(url: str, turns: int, *, retain: bool, vocab: int) -> dic
     prompt_total = cached_total = 0
     session = f"bench-{time.monotonic_ns()}" if retain else None
     start = time.perf_counter()
-    async with EngineClient(url, ignore_eos=True) as client:
+    async with engine_client(url, ignore_eos=True) as client:
         for turn in range(turns):
             result = await client.generate(GenerateRequest(
                 context, SamplingParams(max_tokens=24, seed=turn), session_id=session))

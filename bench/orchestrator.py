@@ -27,8 +27,9 @@ from contextlib import asynccontextmanager  # noqa: E402
 
 import anyio  # noqa: E402
 
+from orchestrator.pinning import PinnedEngine  # noqa: E402
 from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency  # noqa: E402
-from orchestrator.scripted_engine import LatencyModel, ScriptedEngine, ScriptedPinned  # noqa: E402
+from orchestrator.scripted_engine import LatencyModel, ScriptedEngine  # noqa: E402
 from orchestrator.testing import DemoScript, FakeLearner  # noqa: E402
 from orchestrator.writer import StoreWriter  # noqa: E402
 from stalewise.config import parse_config  # noqa: E402
@@ -51,8 +52,8 @@ class CountingEngine:
     async def release_session(self, session_id: str) -> None:
         await self.engine.release_session(session_id)
 
-    def pinned(self, version: int) -> ScriptedPinned:
-        return ScriptedPinned(self, version)
+    def pinned(self, version: int) -> PinnedEngine:
+        return PinnedEngine(self, version)
 
 
 @asynccontextmanager

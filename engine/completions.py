@@ -6,7 +6,8 @@ clamped to -9999 as vLLM does); `return_tokens_as_token_ids` renders tokens as `
 `min_tokens`, `stop_token_ids`, `ignore_eos`, `seed`, `top_k`; `stream` with server-sent
 events and `stream_options.include_usage`; usage carries `prompt_tokens_details.cached_tokens`.
 Options the engine does not implement are refused with 400, never silently ignored. A
-streaming client that hangs up has its request aborted.
+streaming client that hangs up has its request aborted. The request schema (`CompletionBody`)
+is vLLM's, so it lives here; stalewise's own wire protocol is `stalewise.engine_api`.
 """
 
 from __future__ import annotations
@@ -19,13 +20,68 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from engine.core import Engine
 from engine.http_util import HttpError, parse, submit, until_done_or_disconnect
-from engine.protocol import CompletionBody
 from engine.requests import EngineOutput, EngineStopped, RequestError, SamplingSpec, TokenEvent
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class CompletionBody(BaseModel):
+    """The subset of vLLM's completion request the embedded engine serves."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: list[int] | list[list[int]] | str | list[str]
+    max_tokens: int = Field(16, ge=1)
+    min_tokens: int = Field(0, ge=0)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1, description="0 or -1 = off")
+    seed: int | None = None
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = Field(None, ge=0)
+    return_tokens_as_token_ids: bool = False
+    skip_special_tokens: bool = True
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    best_of: int | None = None
+    echo: bool = False
+    stop: str | list[str] | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[str, float] | None = None
+    suffix: str | None = None
+    session_id: str | None = Field(None, description="stalewise extension: retain KV per session")
+
+    def unsupported(self) -> list[str]:
+        """Requested features the embedded engine does not implement."""
+        problems = []
+        if self.n != 1 or (self.best_of or 1) != 1:
+            problems.append("n/best_of must be 1 (send one request per sample)")
+        if self.echo:
+            problems.append("echo is not supported")
+        if self.stop:
+            problems.append("stop strings are not supported; use stop_token_ids")
+        if self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0:
+            problems.append("presence/frequency/repetition penalties are not supported")
+        if self.logit_bias:
+            problems.append("logit_bias is not supported")
+        if self.suffix:
+            problems.append("suffix is not supported")
+        return problems
 
 
 class Completions:

@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
@@ -66,12 +66,9 @@ from engine.metrics import EngineMetrics
 from engine.requests import (
     EngineOutput,
     EngineStopped,
-    KvPolicy,
-    PauseMode,
     RequestError,
     SamplingSpec,
     TokenEvent,
-    UpdateMode,
     UpdateReport,
 )
 from engine.sampling import sample
@@ -83,13 +80,13 @@ from engine.versions import (
     not_resident_message,
     plan_residency,
 )
-
+from stalewise.engine_api import KvPolicy, PauseMode, UpdateMode
 from stalewise.engine_config import EngineServerConfig
 
 log = logging.getLogger("stalewise.engine")
 
 TokenListener = Callable[[TokenEvent], None]
-UPDATE_MODES = ("inflight", "drain", "pin")
+UPDATE_MODES = get_args(UpdateMode)
 DEFAULTS = EngineServerConfig()  # the one home of the engine's defaults
 MAX_GONE_REASONS = 256  # why recent versions left, for error messages
 
@@ -262,7 +259,7 @@ class Engine:
         """Queue a weight swap; the future resolves to an `UpdateReport` once it is applied."""
         if mode not in UPDATE_MODES:
             raise RequestError(f"mode must be 'inflight', 'drain' or 'pin', got {mode!r}")
-        if kv not in ("retain", "recompute"):
+        if kv not in get_args(KvPolicy):
             raise RequestError(f"kv must be 'retain' or 'recompute', got {kv!r}")
         future: Future = Future()
         update = _Update(state, int(version), str(path), mode, kv, time.monotonic(), future)
@@ -270,7 +267,7 @@ class Engine:
         return future
 
     def pause(self, mode: PauseMode = "keep") -> Future:
-        if mode not in ("keep", "wait", "abort"):
+        if mode not in get_args(PauseMode):
             raise RequestError(f"pause mode must be 'keep', 'wait' or 'abort', got {mode!r}")
         return self._send("pause", mode=mode)
 

@@ -9,16 +9,11 @@ lists, filled token by token by the engine thread and handed over once, when the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
-from stalewise.engine_api import FinishReason, SamplingParams
+from stalewise.engine_api import FinishReason, KvPolicy, SamplingParams, UpdateMode
 from stalewise.records import SampledTokens
-
-UpdateMode = Literal["inflight", "drain", "pin"]
-KvPolicy = Literal["retain", "recompute"]
-PauseMode = Literal["keep", "wait", "abort"]
 
 
 class RequestError(ValueError):

@@ -1,6 +1,7 @@
 """The engine's HTTP server: starlette routes over one `Engine`, served by uvicorn.
 
-Routes (schemas in `engine.protocol`, described in docs/engine.md):
+Routes (the `/stalewise/*` schemas are `stalewise.engine_api`'s, shared with the client; the
+vLLM-compatible ones are in `engine.completions`; all described in docs/engine.md):
 
     GET  /health  /v1/models  /is_paused  /metrics  /stalewise/metrics  /stalewise/info
     POST /v1/completions        vLLM-compatible; token-id prompts, logprobs, token_id:N tokens
@@ -45,14 +46,26 @@ from engine.http_util import (
     until_done_or_disconnect,
     wait,
 )
-from engine.protocol import (
+from engine.requests import EngineStopped, RequestError, SamplingSpec, UpdateReport
+from stalewise.engine_api import (
+    ABORT_ROUTE,
+    GENERATE_ROUTE,
+    INFO_ROUTE,
+    METRICS_ROUTE,
+    RELEASE_SESSION_ROUTE,
+    UPDATE_WEIGHTS_ROUTE,
     AbortBody,
+    AbortReply,
     GenerateBody,
+    GenerateResult,
+    KvPolicy,
     ReleaseSessionBody,
+    ReleaseSessionReply,
+    UpdateMode,
     UpdateWeightsBody,
-    generate_reply,
+    UpdateWeightsReply,
+    encode_generate_reply,
 )
-from engine.requests import EngineStopped, RequestError, SamplingSpec
 from stalewise.engine_config import EngineServerConfig
 from stalewise.tokenizer import has_tokenizer, load_tokenizer
 
@@ -81,39 +94,41 @@ class EngineApp:
         future = submit(self.engine, body.prompt_token_ids, spec, session_id=body.session_id,
                         request_id=request_id, weights_version=body.weights_version)
         output = await until_done_or_disconnect(self.engine, request, future, request_id)
-        return JSONResponse(generate_reply(
-            request_id=request_id, engine_id=self.engine.engine_id,
-            finish_reason=output.finish_reason or "abort", prompt_tokens=output.prompt_tokens,
-            cached_prompt_tokens=output.cached_prompt_tokens, tokens=output.to_record()))
+        result = GenerateResult(
+            tokens=output.to_record(), finish_reason=output.finish_reason or "abort",
+            prompt_tokens=output.prompt_tokens, cached_prompt_tokens=output.cached_prompt_tokens,
+            engine_id=self.engine.engine_id)
+        return JSONResponse(encode_generate_reply(result, request_id=request_id))
 
     async def update_weights(self, request: Request) -> Response:
         body: UpdateWeightsBody = await parse(request, UpdateWeightsBody)
         report = await self._update(body.path, body.version, body.mode, body.kv)
         return JSONResponse(report)
 
-    async def _update(self, path: str, version: int, mode: str, kv: str) -> dict:
+    async def _update(self, path: str, version: int, mode: UpdateMode, kv: KvPolicy) -> dict:
         self._check_alive()
         try:
             state = await anyio.to_thread.run_sync(self.engine.load_weights, path)
-            report = await wait(self.engine.update_weights(state, version=version, path=path,
-                                                           mode=mode, kv=kv))  # type: ignore[arg-type]
+            report: UpdateReport = await wait(self.engine.update_weights(
+                state, version=version, path=path, mode=mode, kv=kv))
         except (CheckpointError, RequestError) as exc:
             raise HttpError(400, str(exc)) from exc
         except EngineStopped as exc:
             raise HttpError(503, str(exc)) from exc
-        return asdict(report)
+        return UpdateWeightsReply(**asdict(report)).model_dump(mode="json")
 
     async def abort(self, request: Request) -> Response:
         body: AbortBody = await parse(request, AbortBody)
         if body.request_id is None and not body.all:
             raise HttpError(400, "give request_id, or all=true to abort every request")
         count = await wait(self.engine.abort(None if body.all else body.request_id))
-        return JSONResponse({"aborted": count})
+        return JSONResponse(AbortReply(aborted=count).model_dump(mode="json"))
 
     async def release_session(self, request: Request) -> Response:
         body: ReleaseSessionBody = await parse(request, ReleaseSessionBody)
         tokens = await wait(self.engine.release_session(body.session_id))
-        return JSONResponse({"session_id": body.session_id, "released_tokens": tokens})
+        return JSONResponse(ReleaseSessionReply(session_id=body.session_id,
+                                                released_tokens=tokens).model_dump(mode="json"))
 
     async def metrics_json(self, request: Request) -> Response:
         return JSONResponse(self.engine.snapshot())
@@ -224,12 +239,12 @@ def build_app(engine: Engine, *, model_name: str, tokenizer: Any | None = None,
         Route("/is_paused", _guard(api.is_paused), methods=get),
         Route("/reset_prefix_cache", _guard(api.reset_prefix_cache), methods=post),
         Route("/collective_rpc", _guard(api.collective_rpc), methods=post),
-        Route("/stalewise/generate", _guard(api.generate), methods=post),
-        Route("/stalewise/update_weights", _guard(api.update_weights), methods=post),
-        Route("/stalewise/abort", _guard(api.abort), methods=post),
-        Route("/stalewise/release_session", _guard(api.release_session), methods=post),
-        Route("/stalewise/metrics", _guard(api.metrics_json), methods=get),
-        Route("/stalewise/info", _guard(api.info), methods=get),
+        Route(GENERATE_ROUTE, _guard(api.generate), methods=post),
+        Route(UPDATE_WEIGHTS_ROUTE, _guard(api.update_weights), methods=post),
+        Route(ABORT_ROUTE, _guard(api.abort), methods=post),
+        Route(RELEASE_SESSION_ROUTE, _guard(api.release_session), methods=post),
+        Route(METRICS_ROUTE, _guard(api.metrics_json), methods=get),
+        Route(INFO_ROUTE, _guard(api.info), methods=get),
     ]
 
     @asynccontextmanager

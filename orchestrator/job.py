@@ -26,7 +26,7 @@ from pathlib import Path
 import anyio
 from pydantic import BaseModel
 
-from orchestrator.engine_client import EngineClient
+from orchestrator.engine_client import engine_client
 from orchestrator.evaluate import EvalResult, evaluate
 from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency
 from orchestrator.pools import PoolSet
@@ -249,7 +249,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                                    tool_listing=job.model.tool_listing)
     started = time.monotonic()
     async with AsyncExitStack() as stack:
-        client = await stack.enter_async_context(EngineClient(url, backend=backend))
+        client = await stack.enter_async_context(engine_client(url, backend=backend))
         await client.wait_ready(job.engine.startup_timeout_s)
         writer = StoreWriter(store)
         pools = PoolSet(job.sandbox, run_id, is_run_finished=store.run_is_finished)
@@ -257,7 +257,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                             weights=client, family=family, chat_format=chat_format,
                             acquire=pools.acquire, engine_version=version,
                             start_index=store.count_groups(run_id), engine_health=client.health,
-                            async_updates="drain" if job.engine.kind == "vllm" else "pin",
+                            async_updates="pin" if client.can_pin else "drain",
                             model_context=await client.max_model_len())
         if job.engine.kind == "vllm" and job.pipeline.mode == "async":
             log.warning("vLLM cannot keep older weights resident: in async mode a trajectory's "
@@ -282,10 +282,8 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
             await pipeline.run()
             await writer.flush()
             if job.tasks.eval_instances:
-                await pipeline._refresh_learner()
-                if pipeline.learner.version > pipeline.engine_version:
-                    await pipeline._apply_weights(mode="drain")
-                results.append(await evaluate(label="after", version=pipeline.engine_version,
+                version = await pipeline.sync_weights()
+                results.append(await evaluate(label="after", version=version,
                                               **eval_args))
                 log.info("evaluation", **asdict(results[-1]))
             tg.cancel_scope.cancel()

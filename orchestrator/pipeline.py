@@ -33,15 +33,15 @@ from typing import Awaitable, Callable, Protocol
 import anyio
 
 from orchestrator.admission import Decision, decide_group, decide_member
-from orchestrator.engine_client import VersionNotResidentError
 from orchestrator.groups import GroupState, member_outcome
+from orchestrator.pinning import PinOnFirstCall
 from orchestrator.recorder import SqlRecorder, outcome_values
 from orchestrator.rollout import RolloutOptions, run_trajectory
 from orchestrator.rollout_types import StopReason, TrajectoryOutcome
 from orchestrator.writer import StoreWriter
 from sandboxes.api import Sandbox, SandboxSpec
 from stalewise.config import JobConfig
-from stalewise.engine_api import InferenceEngine, SamplingParams
+from stalewise.engine_api import InferenceEngine, KvPolicy, SamplingParams, UpdateMode
 from stalewise.log import bind_trajectory, get_logger
 from stalewise.store.store import Store
 from tasks.api import TaskFamily, TaskInstance
@@ -63,49 +63,6 @@ def tune_gc_for_concurrency() -> None:
     gc.set_threshold(100_000, 50, 100)
 
 
-class PinOnFirstCall:
-    """One trajectory's engine in `async` mode: its first request is pinned to the version the
-    engine serves at that moment, and every later request of the trajectory to the same one.
-
-    An update can free the version read here before the first request reaches the engine (the
-    engine has moved on; this pipeline hears of it when the update call returns). Nothing has
-    been sampled yet, so the first request waits for the newer version and is pinned to it;
-    a later request refused that way is an engine error, as the trajectory cannot move."""
-
-    def __init__(self, engine, current_version: Callable[[], int], *,
-                 repin_wait_s: float = 30.0, poll_s: float = 0.005) -> None:
-        self.engine, self.current_version = engine, current_version
-        self.repin_wait_s, self.poll_s = repin_wait_s, poll_s
-        self.view: InferenceEngine | None = None
-
-    async def generate(self, request):
-        if self.view is not None:
-            return await self.view.generate(request)
-        version = self.current_version()
-        while True:
-            view = self.engine.pinned(version)
-            try:
-                result = await view.generate(request)
-            except VersionNotResidentError:
-                version = await self._newer_than(version)
-                continue
-            self.view = view
-            return result
-
-    async def _newer_than(self, version: int) -> int:
-        deadline = time.monotonic() + self.repin_wait_s
-        while (current := self.current_version()) <= version:
-            if time.monotonic() > deadline:
-                raise VersionNotResidentError(
-                    f"the engine no longer holds weights version {version} and the pipeline "
-                    f"heard of no newer one within {self.repin_wait_s:.0f}s")
-            await anyio.sleep(self.poll_s)
-        return current
-
-    async def release_session(self, session_id: str) -> None:
-        await (self.view or self.engine).release_session(session_id)
-
-
 MAX_ATTEMPTS = 3
 # Failures worth a log line: bugs in task code. The policy's own failures (malformed calls)
 # are ordinary data, counted in the store and the progress line.
@@ -117,7 +74,8 @@ log = get_logger("stalewise.pipeline")
 class WeightsTarget(Protocol):
     """Where new policy versions go (the engine client's admin side)."""
 
-    async def update_weights(self, path: str, version: int, *, mode: str, kv: str) -> object: ...
+    async def update_weights(self, path: str, version: int, *, mode: UpdateMode,
+                             kv: KvPolicy) -> object: ...
 
 
 @dataclass
@@ -169,7 +127,7 @@ class Pipeline:
                  chat_format: ChatFormat, acquire: Acquire, engine_version: int = 0,
                  start_index: int = 0, poll_s: float = 0.2,
                  engine_health: Callable[[], Awaitable[bool]] | None = None,
-                 async_updates: str = "pin", model_context: int | None = None) -> None:
+                 async_updates: UpdateMode = "pin", model_context: int | None = None) -> None:
         self.run_id, self.cfg, self.store, self.writer = run_id, cfg, store, writer
         self.engine, self.weights, self.family, self.chat_format = engine, weights, family, chat_format
         self.acquire = acquire
@@ -282,15 +240,25 @@ class Pipeline:
             self.learner = LearnerView(version, path, steps, consumed)
             self._notify()
 
+    async def sync_weights(self) -> int:
+        """Bring the engine to the learner's newest published version, if it is behind, with a
+        `drain` update (requests in progress finish on the old weights); returns the version
+        the engine serves. For a step outside `run`, e.g. the evaluation after it."""
+        await self._refresh_learner()
+        if self.learner.version > self.engine_version:
+            await self._apply_weights(mode="drain")
+        return self.engine_version
+
     async def _watch_learner(self) -> None:
-        mode = "inflight" if self.cfg.pipeline.mode == "inflight" else self.async_updates
+        inflight = self.cfg.pipeline.mode == "inflight"
+        mode: UpdateMode = "inflight" if inflight else self.async_updates
         while True:
             await self._refresh_learner()
             if self.cfg.pipeline.mode != "sync" and self.learner.version > self.engine_version:
                 await self._apply_weights(mode=mode)
             await anyio.sleep(self.poll_s)
 
-    async def _apply_weights(self, *, mode: str) -> None:
+    async def _apply_weights(self, *, mode: UpdateMode) -> None:
         version, path = self.learner.version, self.learner.path
         if self.weights is None or path is None:
             self.engine_version = version

@@ -22,18 +22,23 @@ every call), so a caller must not change a prompt list after sending it.
 from __future__ import annotations
 
 import hashlib
-import dataclasses
 import math
 import random
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import anyio
 import numpy as np
 
-from stalewise.engine_api import EngineError, FinishReason, GenerateRequest, GenerateResult
+from orchestrator.pinning import PinnedEngine
+from stalewise.engine_api import (
+    EngineError,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    KvPolicy,
+)
 from stalewise.records import FLOAT32, INT32, SampledTokens
 from tasks.chat.codec import int_list
 
@@ -76,7 +81,7 @@ def script_key(session_id: str | None) -> str:
 
 class ScriptedEngine:
     def __init__(self, script: Script | Sequence[ScriptedTurn], *, engine_id: str = "scripted",
-                 version: int = 0, kv_mode: Literal["retain", "recompute"] = "recompute",
+                 version: int = 0, kv_mode: KvPolicy = "recompute",
                  latency: LatencyModel | None = None, malformed_rate: float = 0.0,
                  seed: int = 0, topk: int = 0, vocab_size: int = 1024,
                  keep_requests: bool = True) -> None:
@@ -123,10 +128,10 @@ class ScriptedEngine:
         return GenerateResult(tokens=tokens, finish_reason=finish, prompt_tokens=len(prompt),
                               cached_prompt_tokens=cached, engine_id=self.engine_id)
 
-    def pinned(self, version: int) -> "ScriptedPinned":
+    def pinned(self, version: int) -> PinnedEngine:
         """A view whose requests are served (stamped) with weights `version`, like the
         embedded engine's pinned sessions."""
-        return ScriptedPinned(self, version)
+        return PinnedEngine(self, version)
 
     async def release_session(self, session_id: str) -> None:
         self.released.append(session_id)
@@ -289,15 +294,3 @@ def _from_mapping(scripts: Mapping[str, Sequence[ScriptedTurn]]) -> Callable[[st
                               f"of {key or 'the default session'} asked for another")
         return turns[index]
     return script
-
-
-class ScriptedPinned:
-    def __init__(self, engine, version: int) -> None:
-        self.engine, self.version = engine, version
-
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        return await self.engine.generate(dataclasses.replace(request,
-                                                              weights_version=self.version))
-
-    async def release_session(self, session_id: str) -> None:
-        await self.engine.release_session(session_id)

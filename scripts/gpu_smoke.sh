@@ -6,7 +6,7 @@
 # 1. creates the tiny model (v0) and a perturbed copy (v1) under WORKDIR (default: a temp dir);
 # 2. starts `vllm serve` on it through engine.launch.VllmProcess (processed log-probs, the
 #    stalewise worker extension, development routes);
-# 3. runs a short job through the orchestrator's EngineClient(backend="vllm"): 16 concurrent
+# 3. runs a short job through the orchestrator's engine client (backend="vllm"): 16 concurrent
 #    sequences at temperature 1, with an in-flight weight update (v0 -> v1, kv=recompute) while
 #    they stream, then 8 sequences at T=0.7/top-k 20/top-p 0.9;
 # 4. prints, per weights version, how far vLLM's recorded log-probs are from the learner's own
@@ -48,7 +48,7 @@ from engine.launch import EngineProcess, VllmProcess
 from stalewise.engine_config import EngineServerConfig
 from engine.sampling import processed_logprobs
 from engine.tiny import init_tiny
-from orchestrator.engine_client import EngineClient
+from orchestrator.engine_client import engine_client
 from stalewise.engine_api import GenerateRequest, SamplingParams
 
 workdir = Path(sys.argv[1])
@@ -74,7 +74,7 @@ def raw_logprobs(version, prompt, sampled):
 
 async def job(url: str) -> int:
     failures = 0
-    async with EngineClient(url, backend="vllm", ignore_eos=True) as client:
+    async with engine_client(url, backend="vllm", ignore_eos=True) as client:
         results = [None] * len(prompts)
 
         async def one(i):

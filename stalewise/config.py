@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 from learner.config import LearnerConfig
 from stalewise.config_base import ConfigSection as Section
 from stalewise.config_errors import ConfigError, read_toml, validate
+from stalewise.engine_api import KvPolicy
 from stalewise.engine_config import EngineConfig
 from tasks.harbor import HarborSettings
 from tasks.mcp import ToolsConfig
@@ -107,7 +108,7 @@ class AdmissionConfig(Section):
 
 class PipelineConfig(Section):
     mode: Literal["sync", "async", "inflight"] = "async"
-    kv: Literal["retain", "recompute"] = "recompute"
+    kv: KvPolicy = "recompute"
     steps: int = Field(20, ge=1, description="learner steps of the RL phase (the batch size "
                        "and the weight refresh period are learner.batch_size and "
                        "learner.publish_every)")

@@ -41,6 +41,16 @@ def _as(array, dtype: np.dtype) -> np.ndarray:
     return out
 
 
+def _rows(array: np.ndarray, length: int, name: str) -> np.ndarray:
+    """`array` as `length` rows; a 2-D array keeps its width (also with zero rows)."""
+    if array.ndim != 2:
+        return array.reshape(length, -1)
+    if array.shape[0] != length:
+        raise ValueError(f"SampledTokens.{name} has {array.shape[0]} rows, expected {length} "
+                         f"like token_ids")
+    return array
+
+
 @dataclass(frozen=True, eq=False)
 class SampledTokens:
     """The sampled tokens of one model call, all arrays of length T.
@@ -79,8 +89,8 @@ class SampledTokens:
         if (self.topk_ids is None) != (self.topk_logprobs is None):
             raise ValueError("SampledTokens: topk_ids and topk_logprobs must be given together")
         if self.topk_ids is not None:
-            set_(self, "topk_ids", _as(self.topk_ids, INT32).reshape(length, -1))
-            set_(self, "topk_logprobs", _as(self.topk_logprobs, FLOAT32).reshape(length, -1))
+            for name, dtype in (("topk_ids", INT32), ("topk_logprobs", FLOAT32)):
+                set_(self, name, _rows(_as(getattr(self, name), dtype), length, name))
             if self.topk_ids.shape != self.topk_logprobs.shape:
                 raise ValueError(
                     f"SampledTokens: topk_ids {self.topk_ids.shape} and topk_logprobs "

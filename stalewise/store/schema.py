@@ -9,8 +9,19 @@ call: compact, fast to write, identical on SQLite and PostgreSQL.
 
 from __future__ import annotations
 
-from sqlalchemy import (JSON, Boolean, Float, ForeignKey, Index, Integer, LargeBinary, MetaData,
-                        String, Text, UniqueConstraint)
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING_CONVENTION = {

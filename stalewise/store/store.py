@@ -13,8 +13,8 @@ batches its writes through `StoreWriter` so that the event loop never waits on t
 
 from __future__ import annotations
 
-import json
 import hashlib
+import json
 import os
 import socket
 import time

@@ -24,9 +24,14 @@ import pytest
 import torch
 
 from engine.launch import EngineProcess, LaunchError
+from orchestrator.engine_client import EngineTimeouts, engine_client
+from stalewise.engine_api import (
+    EngineError,
+    GenerateRequest,
+    SamplingParams,
+    decode_generate_reply,
+)
 from stalewise.engine_config import EngineServerConfig
-from orchestrator.engine_client import EngineClient, EngineTimeouts
-from stalewise.engine_api import EngineError, GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +66,7 @@ def test_health_models_and_info(server):
 
     async def client_view():
         for backend in ("stalewise", "vllm"):  # the orchestrator caps task contexts with this
-            async with EngineClient(server.url, backend=backend) as client:
+            async with engine_client(server.url, backend=backend) as client:
                 assert await client.max_model_len() == 2048
                 assert await client.model_name() == "tiny"
 
@@ -90,11 +95,9 @@ def test_completions_speak_vllms_format_and_match_the_token_route(server):
         "prompt_token_ids": PROMPTS[0], "ignore_eos": True,
         "params": {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "seed": 11, "max_tokens": 8,
                    "min_tokens": 8, "logprobs_topk": 3}}).json()
-    from orchestrator.engine_client import _decode
-    from stalewise.records import FLOAT32, INT32
-
-    assert _decode(same["token_ids"], INT32).tolist() == [int(t.split(":")[1]) for t in tokens]
-    assert _decode(same["sampler_logprobs"], FLOAT32).tolist() == pytest.approx(
+    same_tokens = decode_generate_reply(same).tokens
+    assert same_tokens.token_ids.tolist() == [int(t.split(":")[1]) for t in tokens]
+    assert same_tokens.sampler_logprobs.tolist() == pytest.approx(
         choice["logprobs"]["token_logprobs"], abs=1e-5)
 
 
@@ -133,7 +136,7 @@ def test_text_prompts_and_refused_options(server):
 
 
 async def _client_generate_all_fields(url: str) -> None:
-    async with EngineClient(url, ignore_eos=True) as client:
+    async with engine_client(url, ignore_eos=True) as client:
         params = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=12, logprobs_topk=5)
         first = await client.generate(GenerateRequest(PROMPTS[1], params, session_id="t1"))
         tokens = first.tokens
@@ -157,7 +160,7 @@ def test_client_returns_every_sampled_tokens_field(server):
 
 
 async def _client_errors(url: str) -> None:
-    async with EngineClient(url) as client:
+    async with engine_client(url) as client:
         with pytest.raises(EngineError, match="outside the vocabulary"):
             await client.generate(GenerateRequest([1, 2, 4000], SamplingParams(max_tokens=2)))
         with pytest.raises(EngineError, match="does not exist"):
@@ -165,11 +168,11 @@ async def _client_errors(url: str) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    async with EngineClient(dead, retries=1, retry_backoff_s=0.01) as client:
+    async with engine_client(dead, retries=1, retry_backoff_s=0.01) as client:
         with pytest.raises(EngineError, match="cannot reach"):
             await client.generate(GenerateRequest([1, 2], SamplingParams(max_tokens=2)))
         assert await client.health() is False
-    async with EngineClient(url, backend="vllm") as client:
+    async with engine_client(url, backend="vllm") as client:
         with pytest.raises(EngineError, match="cancel the generate"):
             await client.abort("x")
 
@@ -179,7 +182,7 @@ def test_errors_are_engine_errors_with_the_reason(server):
 
 
 async def _cancel_then_check(url: str) -> None:
-    async with EngineClient(url, ignore_eos=True) as client:
+    async with engine_client(url, ignore_eos=True) as client:
         before = (await client.metrics())["requests/aborted_total"]
         with anyio.move_on_after(0.5):
             await client.generate(GenerateRequest(PROMPTS[2], SamplingParams(max_tokens=2000)))
@@ -200,7 +203,7 @@ async def _load_with_updates(url: str, updates: list) -> list:
     params = SamplingParams(max_tokens=160)
     results: list = [None] * len(PROMPTS)
     reports = []
-    async with EngineClient(url, ignore_eos=True, max_connections=64) as client:
+    async with engine_client(url, ignore_eos=True, max_connections=64) as client:
         async def one(i: int) -> None:
             results[i] = await client.generate(GenerateRequest(PROMPTS[i], params))
 
@@ -250,8 +253,8 @@ async def _vllm_path(url: str, old_path, new_path, reference) -> None:
     async with httpx.AsyncClient() as http:
         old = (await http.get(f"{url}/stalewise/info")).json()["weights_version"]
     new = old + 1
-    async with EngineClient(url, backend="vllm", ignore_eos=True, initial_version=old) as vllm, \
-            EngineClient(url, ignore_eos=True) as native:
+    async with engine_client(url, backend="vllm", ignore_eos=True, initial_version=old) as vllm, \
+            engine_client(url, ignore_eos=True) as native:
         via_vllm = await vllm.generate(GenerateRequest(PROMPTS[3], params))
         via_native = await native.generate(GenerateRequest(PROMPTS[3], params))
         assert via_vllm.tokens.token_ids.tolist() == via_native.tokens.token_ids.tolist()
@@ -318,8 +321,8 @@ def test_client_module_does_not_import_torch():
 
 def test_timeouts_are_explicit():
     timeouts = EngineTimeouts(connect=1, generate=2, admin=3, control=4, pool=5)
-    client = EngineClient("http://127.0.0.1:9", timeouts=timeouts)
-    assert client._timeout(timeouts.generate) == httpx.Timeout(connect=1, read=2, write=30, pool=5)
+    client = engine_client("http://127.0.0.1:9", timeouts=timeouts)
+    assert client.http.timeout(timeouts.generate) == httpx.Timeout(connect=1, read=2, write=30, pool=5)
     anyio.run(client.aclose)
 
 

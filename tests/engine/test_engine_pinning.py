@@ -10,7 +10,7 @@ Contracts checked here:
   overwrites it in place;
 - at most `max_resident_versions` are held: the oldest is evicted, and a request pinned to an
   evicted (or never loaded) version fails with an error naming it and the resident versions;
-- the same over HTTP through `EngineClient.pinned()`, and a clear refusal on the vLLM backend.
+- the same over HTTP through the client's `pinned()`, and a clear refusal on the vLLM backend.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import torch
 
 from engine.core import Engine
 from engine.launch import EngineProcess
-from stalewise.engine_config import EngineServerConfig
 from engine.requests import EngineOutput, RequestError, SamplingSpec
 from engine.versions import VersionNotResident, plan_residency
-from orchestrator.engine_client import EngineClient, VersionNotResidentError
+from orchestrator.engine_client import VersionNotResidentError, engine_client
 from stalewise.engine_api import EngineError, GenerateRequest, SamplingParams
+from stalewise.engine_config import EngineServerConfig
 
 PROMPTS = [[10 + (5 * i + 3 * j) % 90 for j in range(7 + 2 * i)] for i in range(4)]
 SPEC = SamplingSpec(max_tokens=24, ignore_eos=True)
@@ -244,7 +244,7 @@ def test_residency_plan(resident, current, referenced, cap, freed, evicted):
 
 async def _pinned_over_http(url: str, model_v0, model_v1, reference) -> None:
     params = SamplingParams(max_tokens=16, seed=4)
-    async with EngineClient(url, ignore_eos=True) as client, httpx.AsyncClient() as http:
+    async with engine_client(url, ignore_eos=True) as client, httpx.AsyncClient() as http:
         trajectory = client.pinned(0)
         first = await trajectory.generate(GenerateRequest(PROMPTS[0], params, session_id="t"))
         report = await client.update_weights(str(model_v1), 1, mode="pin", kv="recompute")
@@ -281,7 +281,7 @@ def test_pinned_view_over_http(model_v0, model_v1, reference):
 
 
 async def _vllm_refuses_pinning() -> None:
-    async with EngineClient("http://127.0.0.1:9", backend="vllm") as client:
+    async with engine_client("http://127.0.0.1:9", backend="vllm") as client:
         with pytest.raises(EngineError, match="needs the embedded engine.*'inflight' or 'drain'"):
             client.pinned(3)
         with pytest.raises(EngineError, match="needs the embedded engine"):

@@ -5,17 +5,15 @@ stdio server (trusted, on the host) added to every task; the run leaves no conta
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import anyio
 import pytest
 from sqlalchemy import select
 
 from stalewise.config import load_config
+from stalewise.store import schema as s
 from tasks import load_family
 from tasks.mcp import McpServerConfig, discover_tools, with_tools
-
-from stalewise.store import schema as s
 from tests.orchestrator.test_job_faults import (
     ROOT,
     check_exactly_once,

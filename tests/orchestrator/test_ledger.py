@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from orchestrator.ledger import Generated, build_ledger, total_variation
-from collections import Counter
 
 
 def g(difficulty, duration, reward, admitted, reason="fresh", tokens=10, family="arith"):

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from pipeline_fixtures import CHAT, coin_engine, coin_family, fake_sandbox
 from sqlalchemy import select
 
-from orchestrator.engine_client import VersionNotResidentError
-from orchestrator.pipeline import PinOnFirstCall, Pipeline
+from orchestrator.pinning import PinnedEngine, PinOnFirstCall
+from orchestrator.pipeline import Pipeline
 from orchestrator.scripted_engine import LatencyModel
 from orchestrator.testing import FakeLearner, VersionedEngine
 from orchestrator.writer import StoreWriter
 from stalewise.config import parse_config
+from stalewise.engine_api import VersionNotResidentError
 from stalewise.store import schema as s
 from stalewise.store.store import Store
-
-from pipeline_fixtures import CHAT, coin_engine, coin_family, fake_sandbox
 
 
 def run_pipeline(url: str, overrides: dict, *, step_s: float = 0.0, latency=None):
@@ -143,9 +143,7 @@ class FlakyEngine:
         await self.engine.release_session(session_id)
 
     def pinned(self, version: int):
-        from orchestrator.scripted_engine import ScriptedPinned
-
-        return ScriptedPinned(self, version)
+        return PinnedEngine(self, version)
 
     async def health(self) -> bool:
         return not self.down

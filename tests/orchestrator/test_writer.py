@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import anyio
-import pytest
 import numpy as np
+import pytest
 
 from orchestrator.writer import StoreWriter
 from stalewise.records import SampledTokens

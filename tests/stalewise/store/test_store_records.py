@@ -66,3 +66,14 @@ def test_record_lengths_are_checked():
                        tokens=tokens, sampling={}, engine_id="e", finish_reason="stop",
                        cached_prompt_tokens=0, started_at=0.0, finished_at=0.0,
                        loss_mask=np.ones(2))
+
+
+def test_a_record_of_no_tokens_keeps_its_top_k_width():
+    """An engine request aborted before its first token still has a top-k width."""
+    assert SampledTokens.empty(topk=3).topk == 3
+    tokens = SampledTokens([], [], [], [], [], topk_ids=np.zeros((0, 2)),
+                           topk_logprobs=np.zeros((0, 2)))
+    assert tokens.topk_ids.shape == (0, 2) and len(tokens) == 0
+    with pytest.raises(ValueError, match="topk_ids has 2 rows, expected 1"):
+        SampledTokens([1], [0.0], [0], [0], [0.0], topk_ids=np.zeros((2, 2)),
+                      topk_logprobs=np.zeros((2, 2)))

@@ -1,0 +1,382 @@
+"""What every engine client shares: one retrying HTTP transport and the routes both backends serve.
+
+`EngineTransport` owns the connection pool and the failure policy; the backend clients
+(`orchestrator.engine_client.EmbeddedEngineClient`, `orchestrator.vllm_client.VllmEngineClient`)
+only say which route to call and how to read the reply. `EngineClient` is their common base:
+lifecycle, the version this client knows, `/health`, `/v1/models`, `/pause` and `/resume`.
+
+Failure policy (every client inherits it):
+- Every failure is an `EngineError` whose message names the backend, the URL and route, and
+  what to do.
+- Timeouts are explicit per call class (`EngineTimeouts`); the connection pool is bounded.
+- Retries (`retries` more attempts, backoff `retry_backoff_s * 2**k`) happen only where they
+  cannot duplicate work: connection failures (the request never left) for every call, and read
+  timeouts or broken connections only for calls marked idempotent. A streamed call is retried
+  only before its response started.
+No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, get_args
+
+import anyio
+import httpx
+
+from stalewise.engine_api import (
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    InferenceEngine,
+    KvPolicy,
+    PauseMode,
+    UpdateMode,
+    UpdateWeightsReply,
+)
+
+Backend = Literal["stalewise", "vllm"]
+
+
+@dataclass(frozen=True)
+class EngineTimeouts:
+    """Seconds. `generate` bounds the wait for one generate reply (or one streamed chunk)."""
+
+    connect: float = 5.0
+    generate: float = 900.0
+    admin: float = 600.0      # weight updates (a drain waits for running sequences), pause(wait)
+    control: float = 15.0     # health, metrics, abort, release, resume
+    pool: float = 900.0       # waiting for a free pooled connection
+
+
+@dataclass(frozen=True)
+class WeightUpdateReport:
+    """What one `update_weights` did, on either backend (vLLM reports -1 for unknown counts)."""
+
+    version: int
+    previous_version: int
+    mode: UpdateMode
+    kv: KvPolicy
+    pause_s: float
+    wait_s: float
+    in_flight_sequences: int
+    recomputed_tokens: int
+    invalidated_sessions: int
+    already_applied: bool
+    backend: Backend
+    resident_versions: tuple[int, ...] = ()   # held by the engine after the update
+    evicted_versions: tuple[int, ...] = ()    # dropped while still pinned (resident cap)
+
+    @classmethod
+    def from_reply(cls, reply: UpdateWeightsReply, backend: Backend) -> WeightUpdateReport:
+        return cls(version=reply.version, previous_version=reply.previous_version,
+                   mode=reply.mode, kv=reply.kv, pause_s=reply.pause_s, wait_s=reply.wait_s,
+                   in_flight_sequences=reply.in_flight_sequences,
+                   recomputed_tokens=reply.recomputed_tokens,
+                   invalidated_sessions=reply.invalidated_sessions,
+                   already_applied=reply.already_applied, backend=backend,
+                   resident_versions=reply.resident_versions,
+                   evicted_versions=reply.evicted_versions)
+
+
+class _NotSent(Exception):
+    """The request never reached the engine (safe to retry anything)."""
+
+
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+class EngineTransport:
+    """HTTP to one engine server with the failure policy of the module docstring."""
+
+    def __init__(self, base_url: str, *, backend: Backend, serve_hint: str,
+                 timeouts: EngineTimeouts, max_connections: int, retries: int,
+                 retry_backoff_s: float, transport: httpx.AsyncBaseTransport | None = None
+                 ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.backend = backend
+        self.serve_hint = serve_hint  # the command that starts this kind of engine
+        self.timeouts = timeouts
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_s
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, transport=transport,
+            limits=httpx.Limits(max_connections=max_connections,
+                                max_keepalive_connections=max_connections),
+            timeout=self.timeout(timeouts.control))
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def timeout(self, read: float) -> httpx.Timeout:
+        t = self.timeouts
+        return httpx.Timeout(connect=t.connect, read=read, write=max(t.control, 30.0), pool=t.pool)
+
+    def where(self, path: str) -> str:
+        return f"{self.backend} engine at {self.base_url}{path}"
+
+    def sender(self, path: str) -> str:
+        """Who sent a reply, for `stalewise.engine_api`'s decoding errors."""
+        return f"the {self.where(path)}"
+
+    # ---- one request -----------------------------------------------------------------------
+    async def send(self, method: str, path: str, *, read_timeout: float, idempotent: bool,
+                   json_body: Any = None, params: dict | None = None) -> httpx.Response:
+        """The response, whatever its status; retried as the module docstring says."""
+        attempt = 0
+        while True:
+            try:
+                try:
+                    return await self._http.request(method, path, json=json_body, params=params,
+                                                    timeout=self.timeout(read_timeout))
+                except _NOT_SENT as exc:
+                    raise _NotSent(str(exc) or type(exc).__name__) from exc
+            except _NotSent as exc:
+                if attempt >= self.retries:
+                    raise self._unreachable(path, attempt, exc) from exc
+            except httpx.TimeoutException as exc:
+                if not idempotent or attempt >= self.retries:
+                    raise EngineError(f"the {self.where(path)} did not answer within "
+                                      f"{read_timeout:.0f}s ({type(exc).__name__}); not retried: "
+                                      f"the request may still be running there") from exc
+            except httpx.TransportError as exc:
+                if not idempotent or attempt >= self.retries:
+                    raise EngineError(f"connection to the {self.where(path)} failed mid-request "
+                                      f"({type(exc).__name__}: {exc}); not retried") from exc
+            attempt += 1
+            await self._backoff(attempt)
+
+    async def call(self, method: str, path: str, *, read_timeout: float | None = None,
+                   idempotent: bool = True, json_body: Any = None, params: dict | None = None,
+                   errors: Mapping[int, type[EngineError]] | None = None) -> Any:
+        """The JSON reply (None when empty). A status >= 400 raises `errors[status]`, or
+        `EngineError`, with the server's own message."""
+        response = await self.send(method, path, idempotent=idempotent, json_body=json_body,
+                                   params=params,
+                                   read_timeout=read_timeout or self.timeouts.control)
+        self.raise_for_status(response, path, errors)
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise EngineError(f"the {self.where(path)} sent a reply that is not JSON: "
+                              f"{response.text[:200]!r}") from exc
+
+    def raise_for_status(self, response: httpx.Response, path: str,
+                         errors: Mapping[int, type[EngineError]] | None = None) -> None:
+        if response.status_code >= 400:
+            error = (errors or {}).get(response.status_code, EngineError)
+            raise error(f"the {self.where(path)} answered {response.status_code}: "
+                        f"{error_message(response)}")
+
+    # ---- one streamed request (server-sent events) -------------------------------------------
+    async def stream_events(self, path: str, json_body: Any,
+                            on_event: Callable[[dict], None]) -> None:
+        """POST, then call `on_event` with each `data:` JSON object until `[DONE]` or the end.
+
+        Retried only when the request never left; a chunk `on_event` cannot read (KeyError,
+        TypeError, ValueError) is an `EngineError` naming the route."""
+        attempt = 0
+        while True:
+            try:
+                return await self._stream_once(path, json_body, on_event)
+            except _NotSent as exc:
+                if attempt >= self.retries:
+                    raise self._unreachable(path, attempt, exc) from exc
+            attempt += 1
+            await self._backoff(attempt)
+
+    async def _stream_once(self, path: str, json_body: Any,
+                           on_event: Callable[[dict], None]) -> None:
+        read = self.timeouts.generate
+        try:
+            async with self._http.stream("POST", path, json=json_body,
+                                         timeout=self.timeout(read)) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    self.raise_for_status(response, path)
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        return
+                    on_event(json.loads(data))
+        except _NOT_SENT as exc:
+            raise _NotSent(str(exc) or type(exc).__name__) from exc
+        except httpx.TimeoutException as exc:
+            raise EngineError(f"the {self.where(path)} sent nothing for {read:.0f}s; "
+                              f"not retried") from exc
+        except httpx.TransportError as exc:
+            raise EngineError(f"stream from the {self.where(path)} broke "
+                              f"({type(exc).__name__}: {exc}); not retried") from exc
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise EngineError(f"the {self.where(path)} sent a malformed stream chunk "
+                              f"({type(exc).__name__}: {exc})") from exc
+
+    # ---- health ------------------------------------------------------------------------------
+    async def healthy(self) -> bool:
+        """True when `/health` answers 200; never raises, never retries."""
+        try:
+            response = await self._http.get("/health",
+                                            timeout=self.timeout(self.timeouts.control))
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    def _unreachable(self, path: str, attempt: int, exc: Exception) -> EngineError:
+        return EngineError(f"cannot reach the {self.where(path)} after {attempt + 1} attempts "
+                           f"({exc}); is the engine running ({self.serve_hint}) and the URL "
+                           f"right?")
+
+    async def _backoff(self, attempt: int) -> None:
+        await anyio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
+
+
+def error_message(response: httpx.Response) -> str:
+    """The message of an error reply: OpenAI's `{"error": {"message"}}`, FastAPI's `detail`..."""
+    try:
+        body = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return response.text[:500] or response.reason_phrase
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        if "detail" in body:
+            return str(body["detail"])
+        if "message" in body:
+            return str(body["message"])
+    return json.dumps(body)[:500]
+
+
+class EngineClient(ABC):
+    """An engine client: `InferenceEngine` plus the admin calls the weight-sync loop needs.
+
+    Subclasses are the backends; build one with `orchestrator.engine_client.engine_client`."""
+
+    backend: ClassVar[Backend]
+    serve_hint: ClassVar[str]
+    can_pin: ClassVar[bool]   # keeps several weights versions resident (`pinned`, mode "pin")
+
+    def __init__(self, base_url: str, *, model: str | None = None,
+                 timeouts: EngineTimeouts | None = None, max_connections: int = 256,
+                 retries: int = 3, retry_backoff_s: float = 0.2, ignore_eos: bool = False,
+                 initial_version: int = 0, transport: httpx.AsyncBaseTransport | None = None
+                 ) -> None:
+        self.http = EngineTransport(base_url, backend=self.backend, serve_hint=self.serve_hint,
+                                    timeouts=timeouts or EngineTimeouts(),
+                                    max_connections=max_connections, retries=retries,
+                                    retry_backoff_s=retry_backoff_s, transport=transport)
+        self.ignore_eos = ignore_eos
+        self._model = model
+        self._card: dict | None = None
+        self._version = initial_version
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        return self.http.base_url
+
+    @property
+    def timeouts(self) -> EngineTimeouts:
+        return self.http.timeouts
+
+    @property
+    def weights_version(self) -> int:
+        """The version this client last published (vLLM) or saw applied (embedded engine)."""
+        return self._version
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ---- per backend -------------------------------------------------------------------------
+    @abstractmethod
+    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+    @abstractmethod
+    async def release_session(self, session_id: str) -> None:
+        """Forget the session's retained KV and, on the embedded engine, its version pin."""
+
+    @abstractmethod
+    async def update_weights(self, path: str, version: int, *, mode: UpdateMode = "inflight",
+                             kv: KvPolicy = "recompute") -> WeightUpdateReport:
+        """Make the engine serve the checkpoint at `path` as policy `version`.
+
+        `inflight`: running unpinned requests continue under the new weights (`kv` retain or
+        recompute their cache); `drain`: they finish under the old ones first; `pin` (engines
+        with `can_pin`): the new version becomes current, older ones stay resident while
+        requests or sessions are pinned to them, and nothing running changes weights."""
+
+    @abstractmethod
+    async def abort(self, request_id: str | None = None) -> int:
+        """Abort one request, or all (None); returns how many."""
+
+    @abstractmethod
+    async def metrics(self) -> dict[str, float]: ...
+
+    @abstractmethod
+    def pinned(self, version: int) -> InferenceEngine:
+        """An `InferenceEngine` serving every request with weights `version`."""
+
+    # ---- routes both backends serve ----------------------------------------------------------
+    async def pause(self, mode: PauseMode = "keep") -> None:
+        """Stop generating (`keep`: freeze running requests; `wait`: let them finish first;
+        `abort`: abort them). New requests queue until `resume`."""
+        await self.http.call("POST", "/pause", params={"mode": mode},
+                             read_timeout=self.timeouts.admin)
+
+    async def resume(self) -> None:
+        await self.http.call("POST", "/resume")
+
+    async def health(self) -> bool:
+        """True when the engine answers /health with 200; never raises."""
+        return await self.http.healthy()
+
+    async def wait_ready(self, timeout: float = 120.0) -> None:
+        with anyio.move_on_after(timeout):
+            while not await self.health():
+                await anyio.sleep(0.2)
+            return
+        raise EngineError(f"the {self.http.where('/health')} did not become healthy in "
+                          f"{timeout:.0f}s")
+
+    async def model_name(self) -> str:
+        if self._model is None:
+            self._model = (await self._model_card())["id"]
+        return self._model
+
+    async def max_model_len(self) -> int | None:
+        """The served model's context window in tokens (both backends report it), or None."""
+        value = (await self._model_card()).get("max_model_len")
+        return int(value) if isinstance(value, int) and value > 0 else None
+
+    async def _model_card(self) -> dict:
+        """The served model's `/v1/models` entry, fetched once."""
+        if self._card is None:
+            reply = await self.http.call("GET", "/v1/models")
+            try:
+                card = dict(reply["data"][0])
+                card["id"] = str(card["id"])
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                raise EngineError(f"the {self.http.where('/v1/models')} lists no model") from exc
+            self._card = card
+        return self._card
+
+    @staticmethod
+    def _check_update_args(mode: str, kv: str) -> None:
+        if mode not in get_args(UpdateMode) or kv not in get_args(KvPolicy):
+            raise ValueError(f"mode must be inflight|drain|pin and kv retain|recompute, "
+                             f"got {mode}/{kv}")

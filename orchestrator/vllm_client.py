@@ -1,0 +1,137 @@
+"""The engine client for `vllm serve`: OpenAI-compatible completions and vLLM's dev routes.
+
+Generation: `/v1/completions` with a token-id prompt, `logprobs`, `return_tokens_as_token_ids`
+and streaming (parsed by `orchestrator.vllm_stream`). vLLM reports processed log-probs when
+started with `--logprobs-mode processed_logprobs` (the launcher does). It does not report
+versions or times, so the client attributes them: a token's weights version is the version
+this client had published when the token arrived; its KV version is the version at the
+request's start, raised to the new version by each `kv=recompute` or `drain` update during the
+request; its time offset is its arrival time at the client. This is exact when every update
+goes through this client instance (updates pause the engine, so no token is produced during a
+swap) and a streamed token never takes longer in transit than the swap.
+
+Weight updates pause the engine (`/pause`), reload through the stalewise worker extension
+(`/collective_rpc`), reset the prefix cache (preempting running requests for `recompute`) and
+resume. vLLM serves one version at a time: `pinned()`, `mode="pin"` and requests carrying a
+`weights_version` raise `EngineError`. `release_session` is a no-op (vLLM's prefix cache is keyed
+by content) and `abort` is refused (closing the connection aborts: cancel the `generate`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from orchestrator.engine_http import EngineClient, WeightUpdateReport
+from orchestrator.vllm_stream import CompletionStream, completion_body
+from stalewise.engine_api import (
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    InferenceEngine,
+    KvPolicy,
+    UpdateMode,
+)
+
+COMPLETIONS_ROUTE = "/v1/completions"
+VLLM_CANNOT_PIN = ("async version pinning needs the embedded engine (backend='stalewise'), which "
+                   "keeps several weights versions resident; vLLM serves one version at a time. "
+                   "With vLLM use update mode 'inflight' or 'drain' (pipeline mode 'inflight', "
+                   "or 'sync')")
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """`name{labels} value` lines of a Prometheus exposition, keyed by `name{labels}`."""
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        try:
+            samples[key] = float(value)
+        except ValueError:
+            continue
+    return samples
+
+
+class VllmEngineClient(EngineClient):
+    """`vllm serve` (see module docstring)."""
+
+    backend = "vllm"
+    serve_hint = "`vllm serve`"
+    can_pin = False
+
+    def __init__(self, base_url: str, **options: Any) -> None:
+        super().__init__(base_url, **options)
+        # (version, kv policy) of every update this client made: the KV-version attribution
+        self._update_log: list[tuple[int, KvPolicy]] = []
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if request.weights_version is not None:
+            raise EngineError(f"request pinned to weights version {request.weights_version} "
+                              f"cannot be served by the {self.http.where('')}: {VLLM_CANNOT_PIN}")
+        body = completion_body(request, await self.model_name(), self.ignore_eos)
+        stream = CompletionStream(request.params.logprobs_topk, self._version,
+                                  len(self._update_log))
+        await self.http.stream_events(
+            COMPLETIONS_ROUTE, body,
+            lambda chunk: stream.add_chunk(chunk, self._version, self._update_log))
+        if stream.finish_reason is None:
+            raise EngineError(f"the {self.http.where(COMPLETIONS_ROUTE)} stream ended without "
+                              f"a finish_reason")
+        return GenerateResult(tokens=stream.record(), finish_reason=stream.finish_reason,
+                              prompt_tokens=stream.prompt_tokens or len(request.prompt_token_ids),
+                              cached_prompt_tokens=stream.cached_tokens,
+                              engine_id=f"vllm@{self.base_url}")
+
+    async def release_session(self, session_id: str) -> None:
+        return  # vLLM's prefix cache is automatic and keyed by content, not by session
+
+    def pinned(self, version: int) -> InferenceEngine:
+        raise EngineError(f"cannot pin the {self.http.where('')} to weights version {version}: "
+                          f"{VLLM_CANNOT_PIN}")
+
+    async def update_weights(self, path: str, version: int, *, mode: UpdateMode = "inflight",
+                             kv: KvPolicy = "recompute") -> WeightUpdateReport:
+        self._check_update_args(mode, kv)
+        if mode == "pin":
+            raise EngineError(f"weight update mode 'pin' is not available on the "
+                              f"{self.http.where('')}: {VLLM_CANNOT_PIN}")
+        if version == self._version:
+            return WeightUpdateReport(version, version, mode, kv, 0.0, 0.0, 0, 0, 0, True, "vllm")
+        if version < self._version:
+            raise EngineError(f"weights version {version} is older than {self._version}, "
+                              f"which this client already published")
+        previous = self._version
+        started = time.monotonic()
+        await self.pause("wait" if mode == "drain" else "keep")
+        paused_at = time.monotonic()
+        try:
+            await self.http.call("POST", "/collective_rpc", read_timeout=self.timeouts.admin,
+                                 json_body={"method": "stalewise_load_checkpoint",
+                                            "args": [str(path), str(int(version))]})
+            if mode == "drain" or kv == "recompute":
+                await self.http.call("POST", "/reset_prefix_cache",
+                                     read_timeout=self.timeouts.admin,
+                                     params={"reset_running_requests": "true"})
+            self._update_log.append((int(version), "recompute" if mode == "drain" else kv))
+            self._version = int(version)
+        finally:
+            await self.resume()
+        return WeightUpdateReport(version, previous, mode, kv,
+                                  pause_s=time.monotonic() - paused_at,
+                                  wait_s=paused_at - started, in_flight_sequences=-1,
+                                  recomputed_tokens=-1, invalidated_sessions=-1,
+                                  already_applied=False, backend="vllm",
+                                  resident_versions=(int(version),))
+
+    async def abort(self, request_id: str | None = None) -> int:
+        raise EngineError("vLLM aborts a request when its connection closes: cancel the "
+                          "generate call instead")
+
+    async def metrics(self) -> dict[str, float]:
+        response = await self.http.send("GET", "/metrics", read_timeout=self.timeouts.control,
+                                        idempotent=True)
+        self.http.raise_for_status(response, "/metrics")
+        return parse_prometheus(response.text)

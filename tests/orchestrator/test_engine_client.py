@@ -1,0 +1,191 @@
+"""The engine clients against fake servers (httpx.MockTransport: real HTTP objects, no sockets).
+
+Contracts: the factory builds one client class per backend; the embedded client sends a body the
+server's schema accepts and returns the reply decoded exactly; a malformed reply is an
+`EngineError` naming the route and the field; 409 is `VersionNotResidentError`; the retry policy
+retries connection failures and idempotent calls only; the vLLM client reads a streamed
+completion with -9999 mapped back to -inf and its own version attribution. The real server is
+exercised in tests/engine/test_engine_http.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import anyio
+import httpx
+import numpy as np
+import pytest
+
+from orchestrator.engine_client import (
+    EmbeddedEngineClient,
+    VllmEngineClient,
+    engine_client,
+)
+from stalewise.engine_api import (
+    EngineError,
+    GenerateBody,
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    UpdateWeightsBody,
+    VersionNotResidentError,
+    encode_generate_reply,
+)
+from stalewise.records import SampledTokens
+
+URL = "http://engine.test"
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def client(handler: Handler, backend: str = "stalewise", **options) -> object:
+    return engine_client(URL, backend=backend, transport=httpx.MockTransport(handler),
+                         retry_backoff_s=0.0, **options)
+
+
+def run(backend: str, handler: Handler, call, **options):
+    async def main():
+        async with client(handler, backend, **options) as engine:
+            return await call(engine)
+    return anyio.run(main)
+
+
+RESULT = GenerateResult(
+    SampledTokens([5, 9], [-0.5, -1.25], [2, 3], [2, 2], [0.01, 0.02],
+                  topk_ids=[[5, 1], [9, 4]], topk_logprobs=[[-0.5, float("-inf")], [-1.25, -3.0]]),
+    "length", 3, 1, "stalewise-x")
+
+
+def test_the_factory_builds_one_client_per_backend():
+    assert isinstance(client(lambda r: httpx.Response(200)), EmbeddedEngineClient)
+    assert isinstance(client(lambda r: httpx.Response(200), "vllm"), VllmEngineClient)
+    with pytest.raises(ValueError, match="backend must be one of 'stalewise', 'vllm', got 'tgi'"):
+        engine_client(URL, backend="tgi")  # type: ignore[arg-type]
+
+
+def test_embedded_generate_sends_the_schema_and_decodes_the_reply_exactly():
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = GenerateBody.model_validate(json.loads(request.content))  # the server's schema
+        seen.append(body)
+        return httpx.Response(200, json=encode_generate_reply(RESULT, request_id=body.request_id))
+
+    async def call(engine):
+        got = await engine.generate(GenerateRequest(
+            [1, 2, 3], SamplingParams(max_tokens=2, logprobs_topk=2), "s/0", weights_version=2))
+        return got, engine.weights_version
+
+    got, version = run("stalewise", handler, call, ignore_eos=True)
+    assert got == RESULT and version == 3
+    (body,) = seen
+    assert body.prompt_token_ids == [1, 2, 3] and body.session_id == "s/0"
+    assert body.weights_version == 2 and body.ignore_eos and body.params.logprobs_topk == 2
+
+
+def test_a_malformed_reply_names_the_route_and_the_field():
+    def handler(request: httpx.Request) -> httpx.Response:
+        reply = encode_generate_reply(RESULT, request_id="r")
+        return httpx.Response(200, json=reply | {"weights_versions": reply["kv_versions"][:4]})
+
+    with pytest.raises(EngineError, match=r"stalewise engine at http://engine.test/stalewise/"
+                                          r"generate sent a malformed generate reply: field "
+                                          r"'weights_versions': 3 bytes, expected 2 x 4"):
+        run("stalewise", handler,
+            lambda e: e.generate(GenerateRequest([1], SamplingParams())))
+
+
+def test_update_replies_are_decoded_and_409_means_not_resident():
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/stalewise/generate":
+            return httpx.Response(409, json={"error": {"message": "weights version 1 left"}})
+        body = UpdateWeightsBody.model_validate(json.loads(request.content))
+        reply = dict(version=body.version, previous_version=0, path=body.path, mode=body.mode,
+                     kv=body.kv, wait_s=0.0, pause_s=0.001, in_flight_sequences=2,
+                     recomputed_tokens=7, invalidated_sessions=1, resident_versions=[0, 4])
+        if body.version == 5:
+            del reply["pause_s"]
+        return httpx.Response(200, json=reply)
+
+    async def call(engine):
+        report = await engine.update_weights("/ckpt/4", 4, mode="pin", kv="retain")
+        assert (report.version, report.mode, report.kv, report.backend) == (4, "pin", "retain",
+                                                                            "stalewise")
+        assert report.resident_versions == (0, 4) and engine.weights_version == 4
+        with pytest.raises(EngineError, match="update_weights reply: field 'pause_s': Field "
+                                              "required"):
+            await engine.update_weights("/ckpt/5", 5)
+        with pytest.raises(VersionNotResidentError, match="answered 409: weights version 1 left"):
+            await engine.pinned(1).generate(GenerateRequest([1], SamplingParams()))
+        with pytest.raises(ValueError, match=r"mode must be inflight\|drain\|pin"):
+            await engine.update_weights("/ckpt/6", 6, mode="later")  # type: ignore[arg-type]
+
+    run("stalewise", handler, call)
+
+
+def failing(error: type[httpx.TransportError], calls: list, *, succeed_after: int = 99) -> Handler:
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if len(calls) > succeed_after:
+            return httpx.Response(200, json={"tokens/generated_total": 1})
+        raise error("boom", request=request)
+    return handler
+
+
+def test_connection_failures_are_retried_then_named():
+    calls: list = []
+    with pytest.raises(EngineError, match=r"cannot reach the stalewise engine at "
+                                          r"http://engine.test/stalewise/generate after 3 "
+                                          r"attempts .*`stalewise engine serve`"):
+        run("stalewise", failing(httpx.ConnectError, calls),
+            lambda e: e.generate(GenerateRequest([1], SamplingParams())), retries=2)
+    assert calls == ["/stalewise/generate"] * 3
+
+
+def test_a_generate_that_may_have_started_is_never_retried():
+    calls: list = []
+    with pytest.raises(EngineError, match="did not answer within .* not retried"):
+        run("stalewise", failing(httpx.ReadTimeout, calls),
+            lambda e: e.generate(GenerateRequest([1], SamplingParams())), retries=2)
+    assert calls == ["/stalewise/generate"]
+
+
+def test_idempotent_calls_are_retried_after_a_timeout():
+    calls: list = []
+    metrics = run("stalewise", failing(httpx.ReadTimeout, calls, succeed_after=2),
+                  lambda e: e.metrics(), retries=2)
+    assert metrics == {"tokens/generated_total": 1.0} and len(calls) == 3
+
+
+def sse(*events: dict) -> bytes:
+    return b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+
+
+def test_the_vllm_client_reads_a_streamed_completion():
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny", "max_model_len": 64}]})
+        body = json.loads(request.content)
+        assert body["prompt"] == [1, 2] and body["logprobs"] == 2 and body["stream"]
+        chunks = [{"choices": [{"logprobs": {
+                      "tokens": ["token_id:7"], "token_logprobs": [-0.25],
+                      "top_logprobs": [{"token_id:7": -0.25, "token_id:3": -9999.0}]}}]},
+                  {"choices": [{"logprobs": {
+                      "tokens": ["token_id:8"], "token_logprobs": [-1.5],
+                      "top_logprobs": [{"token_id:8": -1.5}]}, "finish_reason": "length"}]},
+                  {"choices": [], "usage": {"prompt_tokens": 2,
+                                            "prompt_tokens_details": {"cached_tokens": 1}}}]
+        return httpx.Response(200, content=sse(*chunks),
+                              headers={"content-type": "text/event-stream"})
+
+    result = run("vllm", handler, lambda e: e.generate(
+        GenerateRequest([1, 2], SamplingParams(max_tokens=2, logprobs_topk=2))),
+        initial_version=6)
+    tokens = result.tokens
+    assert tokens.token_ids.tolist() == [7, 8] and result.finish_reason == "length"
+    assert (result.prompt_tokens, result.cached_prompt_tokens) == (2, 1)
+    assert tokens.weights_versions.tolist() == [6, 6] and tokens.kv_versions.tolist() == [6, 6]
+    assert tokens.topk_ids.tolist() == [[7, 3], [8, -1]]
+    assert np.isneginf(tokens.topk_logprobs[:, 1]).all()
+    assert result.engine_id == "vllm@http://engine.test"

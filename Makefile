@@ -1,4 +1,4 @@
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo demo-long test test-fast bench clean
 
 setup:
 	bash scripts/setup.sh
@@ -6,6 +6,10 @@ setup:
 # The main job: tiny model, SFT warm start, RL in inflight mode with real Docker sandboxes.
 demo: setup
 	.venv/bin/stalewise run configs/demo.toml
+
+# The long-horizon job: the vault suite (6-12 stateful tool calls), inflight with retained KV.
+demo-long: setup
+	.venv/bin/stalewise run configs/long.toml
 
 test: setup
 	bash scripts/ensure_postgres.sh

@@ -254,14 +254,22 @@ class Pipeline:
             await self._dispatch_group()
 
     async def _drive_sync(self) -> None:
+        """One batch per learner step; a group that admission drops (or admits only in part)
+        is replaced as soon as it is decided, not after the whole round."""
         while not self.done():
             step = self.learner.steps + 1
             target = self.stream_head + self._batch()
-            while self.stream_head < target:
-                need = target - self.stream_head
-                groups = [await self._dispatch_group()
-                          for _ in range(math.ceil(need / self.cfg.rollout.group_size))]
-                await self._wait_until(lambda: all(g.decided for g in groups))
+            groups: list[GroupState] = []
+            while self.stream_head < target or not all(g.decided for g in groups):
+                open_members = sum(g.size - g.admitted for g in groups if not g.decided)
+                short = target - self.stream_head - open_members
+                if short > 0:
+                    groups += [await self._dispatch_group()
+                               for _ in range(math.ceil(short / self.cfg.rollout.group_size))]
+                    continue
+                head, decided = self.stream_head, sum(g.decided for g in groups)
+                await self._wait_until(lambda: self.stream_head != head
+                                       or sum(g.decided for g in groups) != decided)
             await self._wait_until(lambda: self.learner.steps >= step)
             if self.learner.version > self.engine_version:
                 await self._apply_weights(mode="drain")

@@ -97,6 +97,20 @@ def test_sync_batches_come_from_one_version(sqlite_url):
     assert [u[0] for u in weights.updates] == [1, 2, 3]
 
 
+def test_sync_replaces_dropped_groups_within_the_round(sqlite_url):
+    """With dynamic sampling some coin groups are all heads or all tails and dropped; sync mode
+    replaces them while the round runs and still trains each step on one version's batch."""
+    store, learner, weights, pipeline = run_pipeline(
+        sqlite_url, {"pipeline": {"mode": "sync", "steps": 3},
+                     "admission": {"zero_variance": "drop"}})
+    stream, trajectories = check_stream(store, learner)
+    assert pipeline.stats.excluded["zero_variance"] > 0, "the coin script should drop some groups"
+    for step, batch in enumerate(learner.batches):
+        versions = {trajectories[e.trajectory_id].max_version for e in stream if e.seq in batch}
+        assert versions == {step}, (step, versions)
+    assert len(stream) == 12
+
+
 def test_stream_mode_admits_members_without_their_group(sqlite_url):
     store, learner, _, _ = run_pipeline(
         sqlite_url, {"rollout": {"group_size": 4, "max_concurrent": 8},

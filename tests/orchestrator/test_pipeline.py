@@ -111,6 +111,14 @@ def test_sync_replaces_dropped_groups_within_the_round(sqlite_url):
     assert len(stream) == 12
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_spent_budget_stops_the_pipeline_before_its_steps(sqlite_url, mode):
+    store, learner, _, pipeline = run_pipeline(
+        sqlite_url, {"pipeline": {"mode": mode, "steps": 100000, "budget_s": 1.5}}, step_s=0.05)
+    assert pipeline.done() and len(learner.batches) < 100000  # without the budget: fail_after
+    assert {t.status for t in rows(store, s.Trajectory)} <= {"completed", "aborted"}
+
+
 def test_stream_mode_admits_members_without_their_group(sqlite_url):
     store, learner, _, _ = run_pipeline(
         sqlite_url, {"rollout": {"group_size": 4, "max_concurrent": 8},

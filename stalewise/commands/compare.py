@@ -138,19 +138,22 @@ def eval_counts(store, run_id: str) -> tuple[tuple[int, int], tuple[int, int]]:
 
 
 def rl_extent(store, run_id: str) -> tuple[float, int]:
-    """Seconds from the first train trajectory's start to the last learner step's end, and the
-    tokens sampled by train trajectories."""
+    """Seconds from the first train trajectory's start to the end of the RL phase (the last
+    learner step or train trajectory to finish), and the tokens sampled by train trajectories."""
     from sqlalchemy import func, select
 
     from stalewise.store import schema as s
 
     t, steps = s.Trajectory.__table__, s.LearnerStep.__table__
     with store.engine.connect() as c:
-        first, tokens = c.execute(select(func.min(t.c.started_at), func.sum(
-            t.c.num_sampled_tokens)).where(t.c.run_id == run_id, t.c.purpose == "train")).one()
-        last = c.execute(select(func.max(steps.c.finished_at))
-                         .where(steps.c.run_id == run_id)).scalar()
-    seconds = (last - first) if first is not None and last is not None else 0.0
+        first, last_trajectory, tokens = c.execute(select(
+            func.min(t.c.started_at), func.max(t.c.finished_at),
+            func.sum(t.c.num_sampled_tokens)).where(
+            t.c.run_id == run_id, t.c.purpose == "train")).one()
+        last_step = c.execute(select(func.max(steps.c.finished_at))
+                              .where(steps.c.run_id == run_id)).scalar()
+    ends = [e for e in (last_trajectory, last_step) if e is not None]
+    seconds = (max(ends) - first) if first is not None and ends else 0.0
     return round(seconds, 1), int(tokens or 0)
 
 

@@ -56,6 +56,11 @@ def compare_command(
             rows.append(run_one(prepare(job, label, seed, budget, out), label, config, out))
     write_outputs(rows, out)
     typer.echo((out / "compare.md").read_text())
+    failed = [r["label"] for r in rows if r["exit_code"] != 0]
+    if failed:
+        typer.echo(f"error: {len(failed)} run(s) failed: {', '.join(failed)}; their logs are "
+                   f"in {out / 'runs'}", err=True)
+        raise typer.Exit(1)
 
 
 def prepare(job, label: str, seed: int, budget: float | None, out: Path):
@@ -219,7 +224,8 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
         ax.set_ylabel("held-out success (%)")
         ax.set_title("held-out success before and after RL (95% intervals)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
         figure.tight_layout()
         for suffix in ("png", "svg"):
             figure.savefig(out / f"{name}.{suffix}")

@@ -26,6 +26,8 @@ path = "{model}"
 create_tiny = false
 chat_format = "hermes"
 tool_listing = "none"
+[engine]
+startup_timeout_s = 900
 [sandbox]
 backend = "local"
 [tasks]

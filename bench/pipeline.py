@@ -23,8 +23,8 @@ learner's time per trajectory:
 
 where a trajectory's duration is its tool latencies plus its decode time with no queueing
 (prefill and store costs are left out, so the bound is optimistic). "learner busy" is the
-share of wall time the learner spent in steps; "engine busy" the share with a request in
-progress.
+share of wall time the learner spent in steps; "engine active" the share with at least one
+request in progress (not how full its slots were).
 
 Then a sweep over the learner step time prints the speed-up curve of async over sync: the
 gain depends on the ratio of generation time to learner time.
@@ -178,7 +178,7 @@ def run_mode(mode: str, kv: str, batch_kind: str, args, directory: Path, *,
 
 def print_table(rows: list[dict], bound: Bound) -> None:
     sync = rows[0]["admitted_per_s"]
-    header = ("mode", "wall s", "adm/s", "x sync", "of ideal", "learner busy", "engine busy",
+    header = ("mode", "wall s", "adm/s", "x sync", "of ideal", "learner busy", "engine active",
               "lag mean", "lag max", "difficulty TV", "duration TV", "update pause s",
               "generated")
     print("  ".join(f"{h:>13}" for h in header))

@@ -271,3 +271,26 @@ def test_a_version_that_never_comes_is_an_engine_error_not_a_hang():
     trajectory = PinOnFirstCall(engine, lambda: 0, repin_wait_s=0.05, poll_s=0.001)
     with pytest.raises(VersionNotResidentError, match="no newer one within"):
         anyio.run(trajectory.generate, "first call")
+
+
+def test_rollout_dynamics_reports_version_spans_kv_lag_and_timeouts(sqlite_url):
+    """Inflight updates land between a trajectory's two model calls: the summary's dynamics
+    match what the trajectory rows and decisions say."""
+    from orchestrator.report import held_out_gain, rollout_dynamics
+
+    store, _, _, _ = run_pipeline(
+        sqlite_url, {"pipeline": {"mode": "inflight", "steps": 3},
+                     "admission": {"max_lag": 3, "stale": "keep"}},
+        step_s=0.05, latency=LatencyModel(fixed_s=0.03, jitter_sigma=1.0))
+    dynamics = rollout_dynamics(store, "r")
+    finished = [t for t in rows(store, s.Trajectory)
+                if t.purpose == "train" and t.status not in ("queued", "running", "aborted")]
+    spans = [t.max_version - t.min_version for t in finished if t.min_version is not None]
+    assert dynamics["trajectories"] == len(finished) > 0
+    assert dynamics["multi_version_fraction"] == round(sum(x > 0 for x in spans) / len(spans), 4)
+    assert dynamics["multi_version_fraction"] > 0, "some trajectory should span an update"
+    assert dynamics["max_version_span"] == max(spans)
+    assert dynamics["timeouts"] == 0 and dynamics["timeout_decisions"] == {}
+    gain = held_out_gain((10, 64), (30, 64))
+    assert gain["gain_excludes_zero"] and gain["gain_low"] > 0
+    assert not held_out_gain((30, 64), (32, 64))["gain_excludes_zero"]

@@ -1,4 +1,4 @@
-.PHONY: setup demo test test-fast bench clean lock
+.PHONY: setup demo demo-long test test-fast bench clean lock
 
 setup:
 	bash scripts/setup.sh
@@ -8,6 +8,10 @@ setup:
 SEED ?= 0
 demo: setup
 	.venv/bin/stalewise run configs/demo.toml --set run.seed=$(SEED)
+
+# The long-horizon job: the vault suite (6-12 stateful tool calls), inflight with retained KV.
+demo-long: setup
+	.venv/bin/stalewise run configs/long.toml
 
 test: setup
 	bash scripts/ensure_postgres.sh

@@ -32,7 +32,7 @@ from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency
 from orchestrator.pools import PoolSet
 from orchestrator.processes import ChildProcess, Supervised, run_to_end, watch
 from orchestrator.progress import show_progress, snapshot
-from orchestrator.report import store_ledger, write_report
+from orchestrator.report import held_out_gain, rollout_dynamics, store_ledger, write_report
 from orchestrator.resume import recover_run
 from orchestrator.writer import StoreWriter
 from stalewise.config import JobConfig
@@ -300,12 +300,16 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
         "progress": snapshot(pipeline),
         "admission": dict(pipeline.stats.decisions),
         "selection_skew": asdict(skew),
+        "rollout_dynamics": rollout_dynamics(store, run_id),
         "evaluation": {r.label: f"success {r.success_rate:.3f}, mean reward {r.mean_reward:.3f}"
                                 f" over {r.instances} (version {r.version}; "
                                 f"{r.infra_errors} infrastructure errors, counted as failures)"
                        for r in results},
         "report": str(run_dir / "report.md"), "db": store.url,
     }
+    by_label = {r.label: (round(r.success_rate * r.instances), r.instances) for r in results}
+    if {"before", "after"} <= set(by_label) and by_label["before"][1] > 0:
+        summary["held_out_95"] = held_out_gain(by_label["before"], by_label["after"])
     write_report(summary, ledger, run_dir, curve=curve)
     print_summary(summary, results, job)
     return summary
@@ -325,6 +329,15 @@ def print_summary(summary: dict, results: list[EvalResult], job: JobConfig) -> N
                      f"{100 * after.success_rate:.1f}%")
         lines.append(f"  infrastructure errors in the evaluations (counted as failures): "
                      f"before {before.infra_errors}, after {after.infra_errors}")
+        if "held_out_95" in summary:
+            lines.append(f"  95% intervals: gain {summary['held_out_95']['gain']} "
+                         f"(before {summary['held_out_95']['before']}, after "
+                         f"{summary['held_out_95']['after']})")
+    dynamics = summary["rollout_dynamics"]
+    lines.append(f"  rollouts: {dynamics['multi_version_fraction']} of trajectories span >1 "
+                 f"weights version, KV lag mean {dynamics['mean_kv_lag']} max "
+                 f"{dynamics['max_kv_lag']}, {dynamics['timeouts']} timeouts "
+                 f"{dynamics['timeout_decisions']}")
     lines += [f"  selection skew: difficulty TV {skew['difficulty_tv']:.3f}, duration TV "
               f"{skew['duration_tv']:.3f}, excluded token share "
               f"{skew['excluded_token_share']:.3f}",

@@ -148,6 +148,7 @@ class Pipeline:
         # positions the next admitted trajectories will get, in submission order.
         self.stream_reserved = self.stream_head
         self.stats = PipelineStats()
+        self.rl_started: float | None = None  # when run() began: the budget's clock
         self.in_flight = 0
         self.undecided = 0  # dispatched members whose decision is not stored yet
         self.unfinished: dict[int, TaskInstance] = {}  # trajectory id -> task, in flight
@@ -168,7 +169,11 @@ class Pipeline:
             await self._changed.wait()
 
     def done(self) -> bool:
-        return self.learner.steps >= self.cfg.pipeline.steps
+        """The learner did `pipeline.steps` steps, or the run spent `pipeline.budget_s`."""
+        budget = self.cfg.pipeline.budget_s
+        return self.learner.steps >= self.cfg.pipeline.steps or (
+            budget is not None and self.rl_started is not None
+            and time.monotonic() - self.rl_started >= budget)
 
     def _batch(self) -> int:
         return self.cfg.learner.batch_size
@@ -189,7 +194,9 @@ class Pipeline:
 
     # ------------------------------------------------------------------ main
     async def run(self) -> None:
-        """Generate until the learner has done `pipeline.steps` steps, then stop cleanly."""
+        """Generate until the learner has done `pipeline.steps` steps (or the budget is spent),
+        then stop cleanly."""
+        self.rl_started = time.monotonic()
         await self._refresh_learner()
         try:
             async with anyio.create_task_group() as tg:
@@ -212,15 +219,25 @@ class Pipeline:
             await self._dispatch_group()
 
     async def _drive_sync(self) -> None:
+        """One batch per learner step; a group that admission drops (or admits only in part)
+        is replaced as soon as it is decided, not after the whole round."""
         while not self.done():
             step = self.learner.steps + 1
             target = self.stream_head + self._batch()
-            while self.stream_head < target:
-                need = target - self.stream_head
-                groups = [await self._dispatch_group()
-                          for _ in range(math.ceil(need / self.cfg.rollout.group_size))]
-                await self._wait_until(lambda: all(g.decided for g in groups))
-            await self._wait_until(lambda: self.learner.steps >= step)
+            groups: list[GroupState] = []
+            while self.stream_head < target or not all(g.decided for g in groups):
+                open_members = sum(g.size - g.admitted for g in groups if not g.decided)
+                short = target - self.stream_head - open_members
+                if short > 0:
+                    groups += [await self._dispatch_group()
+                               for _ in range(math.ceil(short / self.cfg.rollout.group_size))]
+                    continue
+                head, decided = self.stream_head, sum(g.decided for g in groups)
+                await self._wait_until(lambda: self.done() or self.stream_head != head
+                                       or sum(g.decided for g in groups) != decided)
+                if self.done():
+                    return
+            await self._wait_until(lambda: self.done() or self.learner.steps >= step)
             if self.learner.version > self.engine_version:
                 await self._apply_weights(mode="drain")
 
@@ -254,6 +271,8 @@ class Pipeline:
         mode: UpdateMode = "inflight" if inflight else self.async_updates
         while True:
             await self._refresh_learner()
+            if self.done():
+                self._notify()  # a spent budget changes nothing else the drivers wait on
             if self.cfg.pipeline.mode != "sync" and self.learner.version > self.engine_version:
                 await self._apply_weights(mode=mode)
             await anyio.sleep(self.poll_s)

@@ -1,6 +1,11 @@
-"""The run summary: throughput, the learning curve, admission and the bias ledger.
+"""The run summary: throughput, the learning curve, admission, rollout dynamics, the bias ledger.
 
-`build_ledger_from_store` reads every finished training trajectory of a run with its final
+`rollout_dynamics` reads, from the trajectories and decisions of a run, how far rollouts spanned
+weight updates (the share of trajectories sampled by more than one weights version, the
+weights-version span, the KV-version lag: newest weights version minus the oldest version in
+the KV cache it attended to), how many ran out of time and what admission did with them.
+`held_out_gain` turns before/after success counts into Wilson and Newcombe 95% intervals
+(`stalewise.stats`). `build_ledger_from_store` reads every finished training trajectory of a run with its final
 admission decision, computes the ledger (`orchestrator.ledger`) and stores its rows; the
 summary (a JSON-ready dict) goes into `runs.summary`, `report.json` and a Markdown
 `report.md` in the run directory.
@@ -10,13 +15,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 from sqlalchemy import func, insert, select
 
 from orchestrator.ledger import Generated, LedgerRow, Skew, build_ledger
+from stalewise.stats import newcombe_difference, wilson
 from stalewise.store import schema as s
 from stalewise.store.store import Store
 
@@ -38,6 +46,50 @@ def generated_work(store: Store, run_id: str) -> list[Generated]:
                           reward=r.reward, sampled_tokens=r.num_sampled_tokens,
                           admitted=r.decision == "admit", reason=r.reason or "undecided")
                 for r in c.execute(query)]
+
+
+TIMEOUT_STOPS = ("wall_time", "working_time")
+
+
+def rollout_dynamics(store: Store, run_id: str) -> dict[str, Any]:
+    """Version spans, KV lag, timeouts and their admission, over finished train trajectories."""
+    t, d = s.Trajectory.__table__, s.AdmissionDecision.__table__
+    last = (select(d.c.trajectory_id, func.max(d.c.id).label("id"))
+            .where(d.c.run_id == run_id).group_by(d.c.trajectory_id).subquery())
+    query = (select(t.c.min_version, t.c.max_version, t.c.min_kv_version, t.c.stop_reason,
+                    d.c.reason)
+             .select_from(t.outerjoin(last, last.c.trajectory_id == t.c.id)
+                          .outerjoin(d, d.c.id == last.c.id))
+             .where(t.c.run_id == run_id, t.c.purpose == "train",
+                    t.c.status.notin_(("queued", "running", "aborted"))))
+    with store.engine.connect() as c:
+        rows = list(c.execute(query))
+    sampled = [r for r in rows if r.min_version is not None and r.max_version is not None]
+    spans = [r.max_version - r.min_version for r in sampled]
+    kv_lags = [r.max_version - r.min_kv_version for r in sampled if r.min_kv_version is not None]
+    timeouts = [r for r in rows if r.stop_reason in TIMEOUT_STOPS]
+    return {
+        "trajectories": len(rows),
+        "multi_version_fraction": round(sum(x > 0 for x in spans) / len(spans), 4)
+        if spans else None,
+        "mean_version_span": round(fmean(spans), 3) if spans else None,
+        "max_version_span": max(spans, default=None),
+        "mean_kv_lag": round(fmean(kv_lags), 3) if kv_lags else None,
+        "max_kv_lag": max(kv_lags, default=None),
+        "kv_lagged_fraction": round(sum(x > 0 for x in kv_lags) / len(kv_lags), 4)
+        if kv_lags else None,
+        "timeouts": len(timeouts),
+        "timeout_decisions": dict(Counter(r.reason or "undecided" for r in timeouts)),
+    }
+
+
+def held_out_gain(before: tuple[int, int], after: tuple[int, int]) -> dict[str, Any]:
+    """95% intervals of held-out success before and after RL and of the gain, from
+    (successes, instances) pairs."""
+    gain = newcombe_difference(before[0], before[1], after[0], after[1])
+    return {"before": wilson(*before).percent(), "after": wilson(*after).percent(),
+            "gain": gain.percent(), "gain_excludes_zero": gain.excludes_zero(),
+            "gain_low": round(gain.low, 4), "gain_high": round(gain.high, 4)}
 
 
 def store_ledger(store: Store, run_id: str) -> tuple[list[LedgerRow], Skew]:

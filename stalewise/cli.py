@@ -9,6 +9,7 @@ from lab.cli import app as lab_app
 from learner.cli import app as learner_app
 from sandboxes.cli import app as sandbox_app
 from stalewise.commands.audit import app as audit_app
+from stalewise.commands.compare import compare_command
 from stalewise.commands.db import app as db_app
 from stalewise.commands.run import run_command
 from stalewise.commands.tasks import check_command as tasks_check_command
@@ -17,6 +18,7 @@ from tasks.cli import app as tasks_app
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="stalewise: RL post-training of LLM agents on long, tool-using tasks.")
 app.command("run")(run_command)
+app.command("compare")(compare_command)
 app.add_typer(db_app, name="db", help="Migrate and check the SQL store.")
 app.add_typer(audit_app, name="audit", help="Inspect runs, trajectories and tokens.")
 tasks_app.command("check")(tasks_check_command)

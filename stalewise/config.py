@@ -113,6 +113,9 @@ class PipelineConfig(Section):
                        "and the weight refresh period are learner.batch_size and "
                        "learner.publish_every)")
     max_queue: int = Field(128, ge=1, description="admitted but unconsumed trajectories at most")
+    budget_s: float | None = Field(
+        None, gt=0, description="stop the RL phase after this many seconds even if `steps` "
+                                "are not done (stalewise compare sets it); None = no limit")
 
 
 class JobConfig(Section):

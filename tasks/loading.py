@@ -3,7 +3,7 @@
 References, tried in this order:
 - `harbor:path/to/tasks`: Harbor task folders (`tasks.harbor`), options = `[tasks.harbor]`;
 - `path/to/file.py:name` or `path/to/file.py` (attribute `family`): a file, loaded as a module;
-- an entry-point name in the group `stalewise.tasks` (`arith`, `codefix`, `longhaul`, ...);
+- an entry-point name in the group `stalewise.tasks` (`arith`, `codefix`, `longhaul`, `vault`, ...);
 - `package.module:name` or `package.module` (attribute `family`): an importable module.
 
 The attribute is either a `TaskFamily` or a factory called with the config's `options` as keyword

@@ -11,7 +11,8 @@ from learner.trainer import Learner
 from tasks import demonstration_samples, load_family
 from tasks.chat import make_chat_format
 
-SUITES = {"arith": {}, "codefix": {}, "longhaul": {"max_k": 8}}
+SUITES = {"arith": {}, "codefix": {}, "longhaul": {"max_k": 8},
+          "tasks.suites.vault:family": {"depths": [6]}}
 
 
 @pytest.fixture(scope="module")

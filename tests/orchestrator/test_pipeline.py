@@ -97,6 +97,28 @@ def test_sync_batches_come_from_one_version(sqlite_url):
     assert [u[0] for u in weights.updates] == [1, 2, 3]
 
 
+def test_sync_replaces_dropped_groups_within_the_round(sqlite_url):
+    """With dynamic sampling some coin groups are all heads or all tails and dropped; sync mode
+    replaces them while the round runs and still trains each step on one version's batch."""
+    store, learner, weights, pipeline = run_pipeline(
+        sqlite_url, {"pipeline": {"mode": "sync", "steps": 3},
+                     "admission": {"zero_variance": "drop"}})
+    stream, trajectories = check_stream(store, learner)
+    assert pipeline.stats.excluded["zero_variance"] > 0, "the coin script should drop some groups"
+    for step, batch in enumerate(learner.batches):
+        versions = {trajectories[e.trajectory_id].max_version for e in stream if e.seq in batch}
+        assert versions == {step}, (step, versions)
+    assert len(stream) == 12
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_spent_budget_stops_the_pipeline_before_its_steps(sqlite_url, mode):
+    store, learner, _, pipeline = run_pipeline(
+        sqlite_url, {"pipeline": {"mode": mode, "steps": 100000, "budget_s": 1.5}}, step_s=0.05)
+    assert pipeline.done() and len(learner.batches) < 100000  # without the budget: fail_after
+    assert {t.status for t in rows(store, s.Trajectory)} <= {"completed", "aborted"}
+
+
 def test_stream_mode_admits_members_without_their_group(sqlite_url):
     store, learner, _, _ = run_pipeline(
         sqlite_url, {"rollout": {"group_size": 4, "max_concurrent": 8},
@@ -247,3 +269,26 @@ def test_a_version_that_never_comes_is_an_engine_error_not_a_hang():
     trajectory = PinOnFirstCall(engine, lambda: 0, repin_wait_s=0.05, poll_s=0.001)
     with pytest.raises(VersionNotResidentError, match="no newer one within"):
         anyio.run(trajectory.generate, "first call")
+
+
+def test_rollout_dynamics_reports_version_spans_kv_lag_and_timeouts(sqlite_url):
+    """Inflight updates land between a trajectory's two model calls: the summary's dynamics
+    match what the trajectory rows and decisions say."""
+    from orchestrator.report import held_out_gain, rollout_dynamics
+
+    store, _, _, _ = run_pipeline(
+        sqlite_url, {"pipeline": {"mode": "inflight", "steps": 3},
+                     "admission": {"max_lag": 3, "stale": "keep"}},
+        step_s=0.05, latency=LatencyModel(fixed_s=0.03, jitter_sigma=1.0))
+    dynamics = rollout_dynamics(store, "r")
+    finished = [t for t in rows(store, s.Trajectory)
+                if t.purpose == "train" and t.status not in ("queued", "running", "aborted")]
+    spans = [t.max_version - t.min_version for t in finished if t.min_version is not None]
+    assert dynamics["trajectories"] == len(finished) > 0
+    assert dynamics["multi_version_fraction"] == round(sum(x > 0 for x in spans) / len(spans), 4)
+    assert dynamics["multi_version_fraction"] > 0, "some trajectory should span an update"
+    assert dynamics["max_version_span"] == max(spans)
+    assert dynamics["timeouts"] == 0 and dynamics["timeout_decisions"] == {}
+    gain = held_out_gain((10, 64), (30, 64))
+    assert gain["gain_excludes_zero"] and gain["gain_low"] > 0
+    assert not held_out_gain((30, 64), (32, 64))["gain_excludes_zero"]

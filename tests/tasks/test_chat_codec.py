@@ -14,6 +14,7 @@ from __future__ import annotations
 import string
 
 import pytest
+from chat_tokenizers import byte_level_bpe
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -25,8 +26,6 @@ from tasks.chat import HermesChatFormat, TemplateChatFormat
 from tasks.chat.codec import SplitEncoder, TokenCodec
 from tasks.chat.conversation import Conversation
 from tasks.messages import ChatMessage
-
-from chat_tokenizers import byte_level_bpe
 
 MARKERS = ["<|im_start|>", "<|im_end|>", "<tool_response>", "</tool_response>", "<tool_call>"]
 TEXT = st.lists(st.one_of(st.sampled_from(MARKERS), st.text(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from chat_tokenizers import byte_level_bpe
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
@@ -11,8 +12,6 @@ from tasks.builtin_tools import python, write_file
 from tasks.chat import HermesChatFormat, TemplateChatFormat, make_chat_format
 from tasks.chat.conversation import Conversation
 from tasks.messages import ChatMessage
-
-from chat_tokenizers import byte_level_bpe
 
 CALL = '<tool_call>{"name":"python","arguments":{"code":"print(3*(4+5))"}}</tool_call>'
 

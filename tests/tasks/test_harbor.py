@@ -9,7 +9,6 @@ from stalewise.config import parse_config
 from tasks import load_family
 from tasks.harbor import REWARD_FILES, workdir_of
 from tasks.loading import TaskLoadError
-
 from tests.tasks.harbor_support import BASE_MAP, EXAMPLES, copy_task
 
 

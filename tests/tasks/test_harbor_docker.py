@@ -24,7 +24,6 @@ from stalewise.engine_api import SamplingParams
 from stalewise.tiny_tokenizer import build_tiny_tokenizer
 from tasks import load_family
 from tasks.chat import HermesChatFormat
-
 from tests.tasks.harbor_support import BASE_MAP, EXAMPLES, copy_task
 
 pytestmark = [pytest.mark.docker]

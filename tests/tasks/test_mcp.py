@@ -9,16 +9,14 @@ import shutil
 import subprocess
 import sys
 
-import anyio
 import pytest
 
 from orchestrator.rollout import use_sandbox
 from orchestrator.rollout_types import TrajectoryStatus
 from stalewise.config import parse_config
+from tasks import load_family
 from tasks.mcp import McpServerConfig, discover_tools, mcp_tool, observation, with_tools
 from tasks.testing import FakeSandbox
-from tasks import load_family
-
 from tests.tasks.mcp_support import EXPECTED_ERRORS, SERVER, episode, task_with
 
 pytestmark = pytest.mark.anyio

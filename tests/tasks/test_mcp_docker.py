@@ -18,10 +18,9 @@ from orchestrator.rollout import start_sandbox
 from orchestrator.rollout_types import TrajectoryStatus
 from sandboxes.api import ImageBuild, SandboxLimits, SandboxSpec
 from sandboxes.docker_backend import DockerSandbox
-from sandboxes.image import ensure_image, image_exists
 from sandboxes.engine import connect
+from sandboxes.image import ensure_image, image_exists
 from tasks.mcp import McpServerConfig, discover_tools
-
 from tests.tasks.mcp_support import EXPECTED_ERRORS, SERVER, episode, task_with
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]

@@ -32,6 +32,9 @@ FAMILIES = {
     "longhaul": ("longhaul", {"max_k": 5, "latency_median_s": 0.005, "latency_max_s": 0.05}),
     "longhaul-sandbox-latency": ("longhaul", {"min_k": 2, "max_k": 3, "latency_in": "sandbox",
                                               "latency_median_s": 0.05}),
+    "vault": ("tasks.suites.vault:family", {"depths": [6, 7]}),
+    "vault-delay": ("tasks.suites.vault:family", {"depths": [6], "delay_median_s": 0.02,
+                                                  "delay_max_s": 0.2}),
     "example": (EXAMPLE, {}),
 }
 FORMAT = HermesChatFormat(build_tiny_tokenizer(), tool_listing="json")

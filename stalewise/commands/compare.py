@@ -1,0 +1,232 @@
+"""`stalewise compare JOB.toml [JOB.toml ...] [--budget SECONDS] [--seeds N] [--out DIR]`.
+
+Runs each job (each seed in turn, one after another, so they never compete for the machine) on
+the same workload, budget and store, then writes, in DIR:
+
+- `compare.md` and `compare.json`: one row per run with held-out success before and after RL
+  (Wilson 95% intervals) and the gain (Newcombe 95% interval), RL wall seconds, sampled
+  tokens, and the diagnostics read from the store: mean / max token lag, IS effective sample
+  size, k3 KL to the sampler, clip fractions, the share of trajectories spanning several
+  weights versions, and the selection skew (difficulty and duration TV, excluded token share);
+- `success-vs-seconds.{png,svg}` and `success-vs-tokens.{png,svg}`: held-out success against
+  RL wall-clock seconds and against sampled tokens, one line per run, 95% bars.
+
+Guarantees: every job gets the same `--budget` (`pipeline.budget_s`; its `steps` are lifted so
+the budget binds) and the same seed list; all runs go to one SQLite store in DIR
+(`compare.db`), so `stalewise audit` reads any of them afterwards. Runs happen in this
+process, in order; a run that fails is a row with its error, never a silent gap.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from stalewise.commands.run import check_family_or_exit, load_or_exit
+
+SUCCESS = 0.999
+UNBOUNDED_STEPS = 1_000_000
+
+
+def compare_command(
+    configs: list[Path] = typer.Argument(..., help="job configs (TOML) to compare"),
+    budget: float | None = typer.Option(None, "--budget", min=1.0,
+                                        help="seconds of RL per run (default: each job's steps)"),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="runs per job, seeds 0..N-1"),
+    out: Path | None = typer.Option(None, "--out", help="output folder (default "
+                                    "var/compare/<time>)"),
+) -> None:
+    """Run JOBs on the same budget and compare held-out success per second and per token."""
+    jobs = []
+    for config in configs:
+        job = load_or_exit(config)
+        check_family_or_exit(job, config)
+        jobs.append((config, job))
+    out = out or Path("var/compare") / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for config, job in jobs:
+        for seed in range(seeds):
+            label = f"{config.stem}-s{seed}"
+            typer.echo(f"compare: running {label} (budget {budget or 'steps'} s)", err=True)
+            rows.append(run_one(prepare(job, label, seed, budget, out), label, config, out))
+    write_outputs(rows, out)
+    typer.echo((out / "compare.md").read_text())
+    failed = [r["label"] for r in rows if r["exit_code"] != 0]
+    if failed:
+        typer.echo(f"error: {len(failed)} run(s) failed: {', '.join(failed)}; their logs are "
+                   f"in {out / 'runs'}", err=True)
+        raise typer.Exit(1)
+
+
+def prepare(job, label: str, seed: int, budget: float | None, out: Path):
+    """The job with the comparison's store, folder, seed and budget."""
+    data = job.model_dump(mode="json")
+    data["run"].update(name=label, seed=seed, db_url=f"sqlite:///{out / 'compare.db'}",
+                       output_dir=str(out / "runs"))
+    if budget is not None:
+        data["pipeline"].update(budget_s=budget, steps=UNBOUNDED_STEPS)
+    return type(job).model_validate(data)
+
+
+def run_one(job, label: str, config: Path, out: Path) -> dict[str, Any]:
+    from orchestrator.job import run_job
+    from stalewise.store.store import Store
+
+    code = run_job(job)
+    store = Store.open(job.run.db_url)
+    try:
+        run_id = latest_run(store, label)
+        row = {"label": label, "config": str(config), "run_id": run_id, "exit_code": code}
+        if run_id is not None:
+            row.update(run_figures(store, run_id))
+        return row
+    finally:
+        store.close()
+
+
+def latest_run(store, name: str) -> str | None:
+    from sqlalchemy import select
+
+    from stalewise.store import schema as s
+
+    runs = s.Run.__table__
+    with store.engine.connect() as c:
+        return c.execute(select(runs.c.id).where(runs.c.name == name)
+                         .order_by(runs.c.created_at.desc()).limit(1)).scalar()
+
+
+def run_figures(store, run_id: str) -> dict[str, Any]:
+    """Held-out success before/after, RL seconds and tokens, and diagnostics, from the store."""
+    from orchestrator.ledger import build_ledger
+    from orchestrator.report import generated_work, held_out_gain, rollout_dynamics
+    from stalewise.store import audit
+
+    before, after = eval_counts(store, run_id)
+    seconds, tokens = rl_extent(store, run_id)
+    curve = audit.learner_steps(store, run_id)
+    _, skew = build_ledger(generated_work(store, run_id))
+    dynamics = rollout_dynamics(store, run_id)
+    figures: dict[str, Any] = {
+        "before": before, "after": after, "rl_seconds": seconds, "sampled_tokens": tokens,
+        "learner_steps": len(curve),
+        "mean_lag": mean_of(curve, "mean_lag"), "max_lag": max_of(curve, "max_lag"),
+        "is_ess": mean_of(curve, "is_ess"), "kl_sampler_k3": mean_of(curve, "kl_sampler"),
+        "clip_high": mean_of(curve, "clip_high"), "clip_low": mean_of(curve, "clip_low"),
+        "multi_version_fraction": dynamics["multi_version_fraction"],
+        "difficulty_tv": skew.difficulty_tv, "duration_tv": skew.duration_tv,
+        "excluded_token_share": skew.excluded_token_share,
+    }
+    if before[1] and after[1]:
+        figures["held_out_95"] = held_out_gain(before, after)
+    return figures
+
+
+def eval_counts(store, run_id: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(successes, instances) of the before and after evaluations: the run's eval trajectories
+    in id order, first half before RL; infrastructure errors count as failures."""
+    from sqlalchemy import select
+
+    from stalewise.store import schema as s
+
+    t = s.Trajectory.__table__
+    with store.engine.connect() as c:
+        rewards = [r for (r,) in c.execute(select(t.c.reward).where(
+            t.c.run_id == run_id, t.c.purpose == "eval").order_by(t.c.id))]
+    half = len(rewards) // 2
+    solved = [r is not None and r >= SUCCESS for r in rewards]
+    return (sum(solved[:half]), half), (sum(solved[half:]), len(rewards) - half)
+
+
+def rl_extent(store, run_id: str) -> tuple[float, int]:
+    """Seconds from the first train trajectory's start to the end of the RL phase (the last
+    learner step or train trajectory to finish), and the tokens sampled by train trajectories."""
+    from sqlalchemy import func, select
+
+    from stalewise.store import schema as s
+
+    t, steps = s.Trajectory.__table__, s.LearnerStep.__table__
+    with store.engine.connect() as c:
+        first, last_trajectory, tokens = c.execute(select(
+            func.min(t.c.started_at), func.max(t.c.finished_at),
+            func.sum(t.c.num_sampled_tokens)).where(
+            t.c.run_id == run_id, t.c.purpose == "train")).one()
+        last_step = c.execute(select(func.max(steps.c.finished_at))
+                              .where(steps.c.run_id == run_id)).scalar()
+    ends = [e for e in (last_trajectory, last_step) if e is not None]
+    seconds = (max(ends) - first) if first is not None and ends else 0.0
+    return round(seconds, 1), int(tokens or 0)
+
+
+def mean_of(curve: list[dict], key: str) -> float | None:
+    values = [r[key] for r in curve if r.get(key) is not None]
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def max_of(curve: list[dict], key: str) -> float | None:
+    return max((r[key] for r in curve if r.get(key) is not None), default=None)
+
+
+COLUMNS = ("label", "before", "after", "gain [95%]", "RL s", "tokens", "steps", "lag mean",
+           "lag max", "IS ESS", "k3 KL", "clip hi", "clip lo", "multi-version", "difficulty TV",
+           "duration TV", "excluded tokens")
+
+
+def table_row(row: dict[str, Any]) -> list[str]:
+    if "before" not in row:
+        return [row["label"], f"failed (exit {row['exit_code']})"] + ["-"] * (len(COLUMNS) - 2)
+    fmt = lambda v: "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))  # noqa: E731
+    held = row.get("held_out_95", {})
+    return [row["label"], held.get("before", "-"), held.get("after", "-"), held.get("gain", "-"),
+            fmt(row["rl_seconds"]), str(row["sampled_tokens"]), str(row["learner_steps"])] + [
+        fmt(row[k]) for k in ("mean_lag", "max_lag", "is_ess", "kl_sampler_k3", "clip_high",
+                              "clip_low", "multi_version_fraction", "difficulty_tv",
+                              "duration_tv", "excluded_token_share")]
+
+
+def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
+    (out / "compare.json").write_text(json.dumps(rows, indent=2, default=str))
+    lines = ["# stalewise compare", "", "| " + " | ".join(COLUMNS) + " |",
+             "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(table_row(r)) + " |" for r in rows]
+    lines += ["", "Success: held-out instances solved before and after RL, Wilson 95% intervals; "
+              "gain: Newcombe 95% interval. Plots: success-vs-seconds.png/.svg, "
+              "success-vs-tokens.png/.svg."]
+    (out / "compare.md").write_text("\n".join(lines) + "\n")
+    plot(rows, out)
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from stalewise.stats import wilson
+
+    for axis, key, name in (("RL wall-clock seconds", "rl_seconds", "success-vs-seconds"),
+                            ("sampled tokens (train)", "sampled_tokens", "success-vs-tokens")):
+        figure, ax = plt.subplots(figsize=(6.4, 4.2))
+        for row in rows:
+            if "before" not in row or not row["before"][1] or not row["after"][1]:
+                continue
+            points = [wilson(*row["before"]), wilson(*row["after"])]
+            xs = [0, row[key]]
+            ax.errorbar(xs, [100 * p.estimate for p in points],
+                        yerr=[[100 * (p.estimate - p.low) for p in points],
+                              [100 * (p.high - p.estimate) for p in points]],
+                        marker="o", capsize=3, label=row["label"])
+        ax.set_xlabel(axis)
+        ax.set_ylabel("held-out success (%)")
+        ax.set_title("held-out success before and after RL (95% intervals)")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        figure.tight_layout()
+        for suffix in ("png", "svg"):
+            figure.savefig(out / f"{name}.{suffix}")
+        plt.close(figure)

@@ -1,0 +1,71 @@
+"""`stalewise compare` end to end on two tiny jobs (sync and async) with a very small budget:
+both run on one store, the table holds a row per run with its diagnostics, and the plots are
+written as PNG and SVG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stalewise.cli import app
+
+pytestmark = [pytest.mark.slow]
+
+
+def tiny_job(tmp_path: Path, model: Path, mode: str) -> Path:
+    config = tmp_path / f"{mode}.toml"
+    config.write_text(f"""
+[run]
+name = "{mode}"
+progress_every_s = 5.0
+[model]
+path = "{model}"
+create_tiny = false
+chat_format = "hermes"
+tool_listing = "none"
+[engine]
+startup_timeout_s = 900
+[sandbox]
+backend = "local"
+[tasks]
+family = "arith"
+options = {{ max_ops = 1 }}
+eval_instances = 4
+[rollout]
+group_size = 2
+max_concurrent = 4
+max_tokens_per_turn = 16
+[learner]
+batch_size = 4
+micro_batch_size = 4
+[pipeline]
+mode = "{mode}"
+steps = 2
+""")
+    return config
+
+
+def test_compare_two_tiny_jobs(tmp_path):
+    from engine.tiny import init_tiny
+
+    model = init_tiny(tmp_path / "model" / "tiny")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, [
+        "compare", str(tiny_job(tmp_path, model, "sync")), str(tiny_job(tmp_path, model, "async")),
+        "--budget", "8", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((out / "compare.json").read_text())
+    assert [r["label"] for r in rows] == ["sync-s0", "async-s0"]
+    for row in rows:
+        assert row["exit_code"] == 0 and row["run_id"]
+        assert row["before"][1] == row["after"][1] == 4
+        assert row["sampled_tokens"] > 0 and row["rl_seconds"] > 0
+        assert "held_out_95" in row and "multi_version_fraction" in row
+    table = (out / "compare.md").read_text()
+    assert "| sync-s0 |" in table and "| async-s0 |" in table and "IS ESS" in table
+    for name in ("success-vs-seconds", "success-vs-tokens"):
+        assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+        assert "<svg" in (out / f"{name}.svg").read_text()

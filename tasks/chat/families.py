@@ -1,0 +1,76 @@
+"""Per-family chat formats: a checkpoint's own template plus what the template does not say.
+
+A `ChatFamily` names what `TemplateChatFormat` needs beyond the template text: the stop tokens,
+the role tool results take, the native tool-call syntax to parse, whether sampled calls are
+handed to the template as structured `tool_calls` (with call ids), whether tool results are
+JSON-encoded first, and where the system prompt goes. The template still renders every token.
+
+| family | checkpoints | calls | tool results | not append-only when |
+|---|---|---|---|---|
+| `qwen2.5` | Qwen2.5 (-Instruct, -Coder) | `<tool_call>` JSON | `user` turn, `<tool_response>` | never in a tool loop |
+| `qwen3` | Qwen3 (hybrid thinking) | `<tool_call>` JSON | as Qwen2.5 | a new user message drops earlier `<think>`; a think block not in the template's own spacing; `enable_thinking=False` |
+| `llama3.1` | Llama 3.1 / 3.2 Instruct | `{"name", "parameters"}` JSON | `ipython`, JSON-quoted | the sampled turn has whitespace at its ends (the template trims) |
+| `mistral-v0.3` | Mistral 7B v0.3, Nemo-style v3 | `[TOOL_CALLS]` list, 9-char ids | `[TOOL_RESULTS]` JSON with `call_id` | a new user message (system prompt and tools move to it); a call without a valid id |
+
+`detect_family(template)` recognises these templates by markers only they contain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+FAMILY_NAMES = ("qwen2.5", "qwen3", "llama3.1", "mistral-v0.3")
+
+
+@dataclass(frozen=True)
+class ChatFamily:
+    name: str
+    calls: str  # a key of tasks.chat.native_calls.PARSERS
+    stop_tokens: tuple[str, ...]
+    tool_role: str = "tool"
+    structured_calls: bool = False  # sampled calls become `tool_calls` with ids for the template
+    json_tool_content: bool = False  # tool results JSON-encoded (Mistral's reference encoder)
+    system_with_last_user: bool = False  # the system prompt is folded into the last user turn
+    wraps_responses: bool | None = None  # None: probe the template (Hermes wrapping)
+    markers: tuple[str, ...] = ()  # single-token strings the encoder may cut before
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+FAMILIES: dict[str, ChatFamily] = {
+    "qwen2.5": ChatFamily("qwen2.5", "hermes", ("<|im_end|>",), wraps_responses=True),
+    "qwen3": ChatFamily("qwen3", "hermes", ("<|im_end|>",), wraps_responses=True),
+    "llama3.1": ChatFamily(
+        "llama3.1", "llama3", ("<|eot_id|>", "<|eom_id|>"), tool_role="ipython",
+        wraps_responses=False,
+        markers=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>")),
+    "mistral-v0.3": ChatFamily(
+        "mistral-v0.3", "mistral", ("</s>",), structured_calls=True, json_tool_content=True,
+        system_with_last_user=True, wraps_responses=False,
+        markers=("[INST]", "[/INST]", "[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]",
+                 "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]")),
+}
+
+_SIGNATURES = (  # (family, strings that must all be in the template), most specific first
+    ("mistral-v0.3", ("[TOOL_CALLS]", "[TOOL_RESULTS]", "length != 9")),
+    ("llama3.1", ("<|start_header_id|>", "ipython", '"parameters": ')),
+    ("qwen3", ("<|im_start|>", "<tool_response>", "</think>", "last_query_index")),
+    ("qwen2.5", ("<|im_start|>", "<tool_response>", "<tool_call>", "You are Qwen")),
+)
+
+
+def detect_family(template: str | None) -> str | None:
+    """The family whose template this is, by markers only it contains; None if unknown."""
+    if not template:
+        return None
+    for name, needles in _SIGNATURES:
+        if all(needle in template for needle in needles):
+            return name
+    return None
+
+
+def family(name: str) -> ChatFamily:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"unknown chat family {name!r}; one of {', '.join(FAMILIES)}") from None

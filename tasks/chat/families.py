@@ -33,6 +33,9 @@ class ChatFamily:
     json_tool_content: bool = False  # tool results JSON-encoded (Mistral's reference encoder)
     system_with_last_user: bool = False  # the system prompt is folded into the last user turn
     # (tool results are passed as they are: each family's template lays them out itself)
+    # the keys of a tool's "function" schema the template is given (None: all; Mistral's
+    # encoder knows only name, description and parameters, not OpenAI's "strict")
+    schema_keys: tuple[str, ...] | None = None
     markers: tuple[str, ...] = ()  # single-token strings the encoder may cut before
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -45,7 +48,7 @@ FAMILIES: dict[str, ChatFamily] = {
         markers=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>")),
     "mistral-v0.3": ChatFamily(
         "mistral-v0.3", "mistral", ("</s>",), structured_calls=True, json_tool_content=True,
-        system_with_last_user=True,
+        system_with_last_user=True, schema_keys=("name", "description", "parameters"),
         markers=("[INST]", "[/INST]", "[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]",
                  "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]")),
 }
@@ -56,6 +59,14 @@ _SIGNATURES = (  # (family, strings that must all be in the template), most spec
     ("qwen3", ("<|im_start|>", "<tool_response>", "</think>", "last_query_index")),
     ("qwen2.5", ("<|im_start|>", "<tool_response>", "<tool_call>", "You are Qwen")),
 )
+
+
+def tool_schema(schema: dict[str, Any], chat_family: ChatFamily | None) -> dict[str, Any]:
+    """An OpenAI tool schema as the family's template is given it."""
+    keys = chat_family.schema_keys if chat_family else None
+    if keys is None:
+        return schema
+    return {**schema, "function": {k: v for k, v in schema["function"].items() if k in keys}}
 
 
 def detect_family(template: str | None) -> str | None:

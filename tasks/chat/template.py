@@ -53,7 +53,7 @@ from tasks.chat.base import (
     with_tool_listing,
 )
 from tasks.chat.codec import LRU, SplitEncoder, TokenCodec
-from tasks.chat.families import ChatFamily
+from tasks.chat.families import ChatFamily, tool_schema
 from tasks.chat.native_calls import PARSERS, call_id_for
 from tasks.chat.parsing import parse_tool_calls
 from tasks.messages import ChatMessage, ToolCallRequest
@@ -121,7 +121,8 @@ class TemplateChatFormat:
         if self.native_tools and tools:
             schemas = self._schemas.get(key)
             if schemas is None:
-                schemas = self._schemas.put(key, [t.openai_schema() for t in key])
+                schemas = self._schemas.put(key, [tool_schema(t.openai_schema(), self.family)
+                                                   for t in key])
             extra["tools"] = schemas
             listed = list(messages)
         else:

@@ -141,7 +141,8 @@ def sft_command(
     options: str = typer.Option("{}", help="JSON options for the --suite family"),
     count: int = typer.Option(64, help="demonstrations to take from --suite"),
     wrong_fraction: float = typer.Option(0.0, help="share of deliberately wrong demonstrations"),
-    chat_format: str = typer.Option("auto", help="auto | hermes | template"),
+    chat_format: str = typer.Option(
+        "auto", help="auto | hermes | template | qwen2.5 | qwen3 | llama3.1 | mistral-v0.3"),
     tool_listing: str = typer.Option("json", help="json | names | none"),
     seed: int | None = typer.Option(None, help="override sft.seed"),
     config: Path | None = typer.Option(None, help="TOML learner config (its [sft] table)"),

@@ -277,10 +277,10 @@ class _Reference:
                                       ) -> list[dict[str, Any]]:
         """Mistral: JSON-encoded tool results, the system prompt in the last user message."""
         out = [dict(d) for d in dicts]
-        if not (self.family and self.family.json_tool_content):
+        if self.family is None:
             return out
         for entry in out:
-            if entry["role"] == "tool":
+            if entry["role"] == "tool" and self.family.json_tool_content:
                 entry["content"] = json.dumps(_json_or_text(entry["content"]), ensure_ascii=False)
         if self.family.system_with_last_user and out[0]["role"] == "system":
             last = max(i for i, d in enumerate(out) if d["role"] == "user")

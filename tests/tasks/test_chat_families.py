@@ -214,3 +214,58 @@ def test_mistral_calls():
     assert len(broken) == 1 and "JSON list" in broken[0].error
     empty = parse_mistral_calls("[TOOL_CALLS] []", NAMES)
     assert "non-empty" in empty[0].error
+
+
+# -- auditing recorded trajectories --------------------------------------------------------------
+
+
+def _recorded_qwen3_trajectory():
+    """A Qwen3 conversation as the loop records it: a tool turn, then a later user message
+    (a new segment), then an answer."""
+    from tasks.chat.conformance import RecordedCall
+
+    tokenizer = real_tokenizer("qwen3")
+    fmt = make_chat_format(tokenizer, "qwen3")
+    prompt = [ChatMessage("system", "Be brief."), ChatMessage("user", "Compute 2+2.")]
+    conv = Conversation(fmt, prompt, [python])
+    call = '<tool_call>\n{"name": "python", "arguments": {"code": "print(4)"}}\n</tool_call>'
+    script = [("<think>\nEasy.\n</think>\n\n" + call, [ChatMessage("tool", "4", name="python")]),
+              ("<think>\nDone.\n</think>\n\nIt is 4.", [ChatMessage("user", "And 3+3?")]),
+              ("<think>\nSix.\n</think>\n\n6", [])]
+    calls, results = [], {}
+    for turn, (text, new) in enumerate(script):
+        delta = conv.take_prompt()
+        sampled = fmt.encode_assistant(text)
+        conv.add_sampled(sampled)
+        calls.append(RecordedCall(turn, delta.segment, delta.context_len, delta.token_ids,
+                                  tuple(sampled)))
+        if new:
+            results[turn] = new
+            conv.add_messages(new)
+    return fmt, prompt, calls, results
+
+
+def test_audit_of_a_recorded_trajectory_across_segments():
+    from tasks.chat.conformance import RecordedCall, audit_calls
+
+    fmt, prompt, calls, results = _recorded_qwen3_trajectory()
+    assert [c.segment for c in calls] == [0, 0, 1]
+    audit = audit_calls(fmt, prompt, [python], calls, results)
+    assert (audit.status, audit.prompts_checked) == ("exact", 3)
+
+    # a tool result shown to the model that is not what the store says it was
+    shown = {0: [ChatMessage("tool", "5", name="python")], 1: results[1]}
+    audit = audit_calls(fmt, prompt, [python], calls, shown)
+    assert audit.status == "mismatch" and audit.turn == 1
+    assert audit.difference.startswith("token ") and "template" in audit.difference
+
+    # sampled ids that spell the same text in other tokens are kept, and counted as such
+    first = calls[0]
+    text = fmt.decode(first.sampled_ids[:-1])
+    split = [i for ch in text for i in fmt.codec.encode(ch)] + [first.sampled_ids[-1]]
+    assert split != list(first.sampled_ids) and fmt.decode(split) == fmt.decode(first.sampled_ids)
+    respelled = [RecordedCall(0, 0, 0, first.prompt_ids, tuple(split)),
+                 RecordedCall(1, 0, first.context_len + len(first.prompt_ids) + len(split),
+                              calls[1].prompt_ids, calls[1].sampled_ids), calls[2]]
+    audit = audit_calls(fmt, prompt, [python], respelled, results)
+    assert audit.status == "sampled_noncanonical" and audit.prompts_checked == 3

@@ -14,7 +14,11 @@ format's reason), and whether the format parsed the calls back. A case the templ
 refuses (Llama 3.1 has no parallel calls) is `unsupported`, not a failure. A case conforms when
 it is equal and parsed; `require_append_only` makes a segment break a failure too.
 
-The template is given the conversation as the family's reference encoder sees it: for Mistral
+The template is given the conversation with structured calls and `tools=`. Where a template has
+no place for tools, calls or the wrapping of results (a plain ChatML template such as the tiny
+model's), Hermes conventions are part of the content: the tool listing in the system prompt,
+`<tool_call>` JSON in the assistant text, `<tool_response>` around results. For a family, the
+conversation is given as the family's reference encoder sees it: for Mistral
 (`system_with_last_user`, `json_tool_content`) the system prompt opens the last user message
 and tool results are JSON-encoded, as mistral-common does (tests compare that with
 mistral-common), and the error shown after a malformed call is a user message, since the
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.builtin_tools import python, read_file, write_file
-from tasks.chat.base import ChatFormat
+from tasks.chat.base import ChatFormat, tool_listing_text
 from tasks.chat.conversation import Conversation
 from tasks.chat.families import tool_schema
 from tasks.chat.native_calls import call_id_for
@@ -101,6 +105,9 @@ BATTERY: tuple[Case, ...] = (
 )
 
 THINKING = "I should check with a tool first."
+_PROBE_SCHEMA = {"type": "function", "function": {
+    "name": "zq_probe_tool", "description": "probe",
+    "parameters": {"type": "object", "properties": {}}}}
 MALFORMED_TEXT = {  # a call cut off mid-JSON, in each syntax
     "hermes": '<tool_call>\n{"name": "python", "arguments": {"code": "print(2+2)"\n</tool_call>',
     "llama3": '{"name": "python", "parameters": {"code": "print(2+2)"',
@@ -235,6 +242,19 @@ class _Reference:
         self.stops = set(fmt.stop_token_ids)
         self.calls = self.family.calls if self.family else "hermes"
         self.thinks = bool(self.family and self.family.name == "qwen3")
+        # Where the template has no place for them (and no family says otherwise), the tools
+        # are listed in the system prompt and results wrapped in <tool_response>, Hermes-style.
+        hermes_conventions = self.family is None
+        self.listing = tool_listing_text(TOOLS, getattr(fmt, "tool_listing", "json")) if (
+            hermes_conventions and not self._renders("zq_probe_tool", tools=[_PROBE_SCHEMA])
+        ) else ""
+        self.wrap = hermes_conventions and not self._renders("<tool_response>", messages=[
+            {"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},
+            {"role": "tool", "content": "z", "tool_call_id": "zqprobe01"}])
+        self.renders_calls = self._renders("zq_probe_call", messages=[
+            {"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "zqprobe01", "type": "function",
+                 "function": {"name": "zq_probe_call", "arguments": {}}}]}])
 
     def ids(self, dicts: Sequence[dict[str, Any]], *, generation_prompt: bool) -> list[int]:
         try:
@@ -264,7 +284,11 @@ class _Reference:
             entry["content"] = MALFORMED_TEXT[self.calls]
         if self.thinks:  # a thinking model reasons in every turn
             entry["reasoning_content"] = THINKING
-        if turn.calls and not turn.malformed:
+        if turn.calls and not turn.malformed and not self.renders_calls:
+            entry["content"] = turn.content + "".join(
+                f"<tool_call>{json.dumps({'name': c.name, 'arguments': c.arguments})}</tool_call>"
+                for c in turn.calls)  # a template without call rendering: Hermes-style text
+        elif turn.calls and not turn.malformed:
             entry["tool_calls"] = [
                 {"id": call.call_id, "type": "function",
                  "function": {"name": call.name, "arguments": call.arguments}}
@@ -273,10 +297,29 @@ class _Reference:
                 entry["content"] = None
         return entry
 
+    def _renders(self, needle: str, *, messages: list[dict[str, Any]] | None = None,
+                 tools: list[dict[str, Any]] | None = None) -> bool:
+        """Whether the template's render of a probe conversation contains `needle`."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages or [{"role": "user", "content": "x"}], tools=tools, tokenize=False,
+                **self.kwargs)
+        except Exception:
+            return False
+        return needle in text
+
     def _as_reference_encoder_sees_it(self, dicts: Sequence[dict[str, Any]]
                                       ) -> list[dict[str, Any]]:
         """Mistral: JSON-encoded tool results, the system prompt in the last user message."""
         out = [dict(d) for d in dicts]
+        if self.listing and out[0]["role"] == "system":
+            out[0]["content"] = f"{out[0]['content']}\n\n{self.listing}"
+        elif self.listing:
+            out.insert(0, {"role": "system", "content": self.listing})
+        if self.wrap:
+            for entry in out:
+                if entry["role"] == "tool":
+                    entry["content"] = f"<tool_response>{entry['content']}</tool_response>"
         if self.family is None:
             return out
         for entry in out:

@@ -66,6 +66,10 @@ class HermesChatFormat:
     def stop_token_ids(self) -> tuple[int, ...]:
         return (self.im_end_id,)
 
+    @property
+    def wraps_tool_results(self) -> bool:
+        return True
+
     def message_text(self, message: ChatMessage) -> str:
         content = message.content
         if message.role == "tool":

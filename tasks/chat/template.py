@@ -114,6 +114,11 @@ class TemplateChatFormat:
     def stop_token_ids(self) -> tuple[int, ...]:
         return self._stop
 
+    @property
+    def wraps_tool_results(self) -> bool:
+        """Whether the format wraps tool results in `<tool_response>` (the template does not)."""
+        return self._wrap_results
+
     def render_text(self, messages: Sequence[ChatMessage], tools: Sequence[Tool], *,
                     add_generation_prompt: bool = True) -> str:
         extra: dict[str, Any] = {}

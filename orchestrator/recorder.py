@@ -1,8 +1,9 @@
 """The store-backed `RolloutRecorder`: agent-loop records become `model_calls` / `tool_calls` rows.
 
-A call that starts a later training segment carries the reason (`segment_break`) in its
-`sampling` JSON next to the sampling parameters. Rows go through the job's `StoreWriter`, so recording never waits on the disk; the trajectory's
-final row update is written with them and `finish` returns once it is durable.
+Rows go through the job's `StoreWriter`, so recording never waits on the disk; the trajectory's
+final row update is written with them and `finish` returns once it is durable. A call that
+starts a later training segment carries the reason (`segment_break`) in its `sampling` JSON,
+next to the sampling parameters.
 """
 
 from __future__ import annotations

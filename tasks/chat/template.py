@@ -45,9 +45,9 @@ from typing import Any
 from tasks.chat.base import (
     ParsedTurn,
     SegmentBreak,
-    first_difference,
     Tokenizer,
     ToolListing,
+    first_difference,
     single_token_id,
     tool_listing_text,
     with_tool_listing,

@@ -18,7 +18,7 @@ from stalewise.cli import app
 from stalewise.store.store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "orchestrator"))
-from test_job_faults import start, write_config  # noqa: E402  (the short-job helpers)
+from test_job_faults import start, write_config
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

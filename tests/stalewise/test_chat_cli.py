@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from stalewise.cli import app
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tasks"))
-from chat_tokenizers import real_tokenizer_dir  # noqa: E402
+from chat_tokenizers import real_tokenizer_dir
 
 
 def _invoke(*args: str):

@@ -17,6 +17,7 @@ import string
 from pathlib import Path
 
 import pytest
+from chat_tokenizers import FAMILIES, real_tokenizer
 
 from tasks.builtin_tools import python, read_file
 from tasks.chat import TemplateChatFormat, detect_family, make_chat_format
@@ -24,8 +25,6 @@ from tasks.chat.conformance import BATTERY, check_format
 from tasks.chat.conversation import Conversation
 from tasks.chat.native_calls import call_id_for, parse_llama3_calls, parse_mistral_calls
 from tasks.messages import ChatMessage
-
-from chat_tokenizers import FAMILIES, real_tokenizer
 
 # What each real template refuses outright (it raises), by case name.
 REFUSED = {"llama3.1": {"parallel calls"}, "mistral-v0.3": {"later user message"}}

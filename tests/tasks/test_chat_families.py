@@ -71,6 +71,15 @@ def test_a_wrong_format_fails_with_the_first_differing_token():
     assert single.difference.startswith("token 13: template 2 '#', format ")
 
 
+def test_generic_template_format_cannot_read_llama_calls():
+    """Llama 3.1's template with Hermes-style parsing: the prompts match, the calls are lost."""
+    tokenizer = real_tokenizer("llama3.1")
+    results = check_format(make_chat_format(tokenizer, "template"), tokenizer)
+    single = next(r for r in results if r.name == "single call")
+    assert single.status == "fail" and single.equal and not single.parsed
+    assert '"parameters"' in single.note
+
+
 def test_hermes_is_not_qwen25_layout_for_tool_results():
     """The issue's example: Qwen2.5 renders a tool result as a user turn, Hermes as `tool`."""
     tokenizer = real_tokenizer("qwen2.5")

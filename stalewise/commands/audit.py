@@ -157,6 +157,10 @@ def show_command(trajectory_id: int, url: str = URL, as_json: bool = JSON,
                       f"{turn['prompt_tokens']} prompt tokens ({turn['cached_prompt_tokens']} "
                       f"cached), {len(turn['tokens'])} sampled, finish {turn['finish_reason']}, "
                       f"{turn['duration_s']:.3f} s")
+        segment_break = (turn["sampling"] or {}).get("segment_break")
+        if segment_break:
+            console.print(f"  new segment: the chat template is not append-only here "
+                          f"({segment_break})")
         tokens = turn["tokens"][:max_tokens] if max_tokens else turn["tokens"]
         table = Table(show_edge=False)
         for column in ("pos", "id", "text", "sampler logprob", "version", "kv version", "t (s)"):

@@ -166,7 +166,11 @@ class TemplateChatFormat:
         rendered = self.decode(full[:cut] if cut is not None else full)
         sampled = self.decode(history)
         if cut is None or rendered != sampled:
-            return SegmentBreak("history_rewritten", first_difference(rendered, sampled))
+            turn_text = messages[-1].content if messages else ""
+            turn_starts = len(sampled) - len(turn_text) - len(self._stop_text[history[-1]])
+            kind = "turn_rewritten" if _diverge_at(rendered, sampled) >= turn_starts else (
+                "history_rewritten")
+            return SegmentBreak(kind, first_difference(rendered, sampled))
         return full[cut:]
 
     def _local_continuation(self, stop_id: int, messages: Sequence[ChatMessage],
@@ -352,6 +356,11 @@ def _json_or_text(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def _diverge_at(a: str, b: str) -> int:
+    """The first index where two texts differ (the shorter length if one extends the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _prompt_of(messages: Sequence[ChatMessage]) -> tuple[ChatMessage, ...]:

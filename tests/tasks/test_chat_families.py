@@ -17,7 +17,7 @@ import string
 from pathlib import Path
 
 import pytest
-from chat_tokenizers import FAMILIES, real_tokenizer
+from chat_tokenizers import FIXTURES_AND_FORMATS, real_tokenizer
 
 from tasks.builtin_tools import python, read_file
 from tasks.chat import TemplateChatFormat, detect_family, make_chat_format
@@ -33,9 +33,10 @@ BREAKS = {"qwen3": {"later user message": "turn_rewritten"},
           "mistral-v0.3": {"malformed call": "history_rewritten"}}
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=FIXTURES_AND_FORMATS, ids=lambda p: p[0])
 def family_and_tokenizer(request):
-    return request.param, real_tokenizer(request.param)
+    directory, family = request.param
+    return family, real_tokenizer(directory)
 
 
 def test_conformance_battery_passes_against_the_real_template(family_and_tokenizer):

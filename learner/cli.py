@@ -143,7 +143,8 @@ def sft_command(
     options: str = typer.Option("{}", help="JSON options for the --suite family"),
     count: int | None = typer.Option(None, help="override sft.demonstrations (from --suite)"),
     wrong_fraction: float | None = typer.Option(None, help="override sft.wrong_fraction"),
-    chat_format: str = typer.Option("auto", help="auto | hermes | template"),
+    chat_format: str = typer.Option(
+        "auto", help="auto | hermes | template | qwen2.5 | qwen3 | llama3.1 | mistral-v0.3"),
     tool_listing: str = typer.Option("json", help="json | names | none"),
     seed: int | None = typer.Option(None, help="override sft.seed"),
     config: Path | None = typer.Option(None, help="TOML or JSON learner config (its [sft] table)"),
@@ -218,8 +219,8 @@ def synth_data_command(
 
     from learner.batch import write_jsonl
     from learner.model import load_policy
-    from stalewise.tokenizer import load_tokenizer
     from learner.synthetic import sample_rl_batch, tool_call_demonstrations
+    from stalewise.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(model)
     policy = load_policy(model)

@@ -1,11 +1,14 @@
 """The store-backed `RolloutRecorder`: agent-loop records become `model_calls` / `tool_calls` rows.
 
 Rows go through the job's `StoreWriter`, so recording never waits on the disk; the trajectory's
-final row update is written with them and `finish` returns once it is durable.
+final row update is written with them and `finish` returns once it is durable. A call that
+starts a later training segment carries the reason (`segment_break`) in its `sampling` JSON,
+next to the sampling parameters.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from orchestrator.rollout_types import ModelCallRecord, ToolCallRecord, TrajectoryOutcome
@@ -28,10 +31,13 @@ class SqlRecorder:
         return encoded
 
     async def model_call(self, record: ModelCallRecord) -> None:
+        sampling: dict[str, Any] | str = self._sampling_json(record.params)
+        if record.segment_break is not None:  # rare: the first call of a later segment
+            sampling = {**json.loads(sampling), "segment_break": record.segment_break}
         await self.writer.put_model_call(model_call_row(
             trajectory_id=int(record.trajectory_id), turn=record.turn, segment=record.segment,
             context_len=record.context_len, prompt_token_ids=record.prompt_token_ids,
-            tokens=record.tokens, sampling=self._sampling_json(record.params),
+            tokens=record.tokens, sampling=sampling,
             engine_id=record.engine_id, finish_reason=record.finish_reason,
             cached_prompt_tokens=record.cached_prompt_tokens, started_at=record.started_at,
             finished_at=record.finished_at))

@@ -32,6 +32,10 @@ Contract (locked by tests/orchestrator/test_rollout_semantics.py):
 - Cost: a turn's work is proportional to its new tokens (prompt delta, sampled ids, the
   format's continuation), not to the conversation, apart from copying the context into the
   engine request (Hermes, and templates in incremental mode; see `tasks.chat.template`).
+- Segments: when the chat format cannot extend the token sequence exactly (a template that
+  rewrites the sampled turn or earlier ones), a new training segment starts from the template's
+  full render, and the first model call of that segment records why
+  (`ModelCallRecord.segment_break`, stored as `segment_break` in the call's `sampling` JSON).
 - Sandboxes: the acquirer lends a started sandbox of the task's image and limits (a pool per
   image); the loop writes the task's files into it, and the hidden files after the last turn,
   right before the verifier runs.
@@ -352,10 +356,18 @@ class _Rollout:
             params=params, engine_id=result.engine_id, finish_reason=result.finish_reason,
             prompt_tokens=result.prompt_tokens, cached_prompt_tokens=result.cached_prompt_tokens,
             started_at=started_at, finished_at=finished_at, tool_calls=len(parsed.calls),
-            malformed_calls=sum(isinstance(c, str) for c in checked)))
+            malformed_calls=sum(isinstance(c, str) for c in checked),
+            segment_break=self._segment_break(delta.segment, delta.context_len)))
         if result.finish_reason == "abort":
             raise _Stop(StopReason.ENGINE_ABORT, "the engine aborted the request", "engine_abort")
         return parsed, checked
+
+    def _segment_break(self, segment: int, context_len: int) -> str | None:
+        """Why this segment started, on its first call (the format's `SegmentBreak`)."""
+        conversation = self.conversation
+        if conversation is None or segment == 0 or context_len != 0:
+            return None
+        return str(conversation.segment_breaks[segment])
 
     def _params(self, max_tokens: int) -> SamplingParams:
         """The sampling params as sent: the caller's, with this call's max_tokens and the

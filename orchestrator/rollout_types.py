@@ -83,6 +83,7 @@ class ModelCallRecord:
     finished_at: float
     tool_calls: int  # calls parsed from this turn, malformed ones included
     malformed_calls: int
+    segment_break: str | None = None  # on a later segment's first call: why it started
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ requirements.lock -
 fi
 
 bash scripts/ensure_mcp_sdk.sh "$VENV/bin/python"  # MCP SDK folder for in-sandbox MCP servers (tests)
+bash scripts/fetch_chat_fixtures.sh "$VENV/bin/python"
 
 if [ "${STALEWISE_SKIP_DOCKER:-0}" != "1" ]; then
   bash scripts/sandbox_setup.sh "$VENV/bin/stalewise"

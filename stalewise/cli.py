@@ -9,6 +9,7 @@ from lab.cli import app as lab_app
 from learner.cli import app as learner_app
 from sandboxes.cli import app as sandbox_app
 from stalewise.commands.audit import app as audit_app
+from stalewise.commands.chat import app as chat_app
 from stalewise.commands.compare import compare_command
 from stalewise.commands.db import app as db_app
 from stalewise.commands.run import run_command
@@ -23,6 +24,7 @@ app.add_typer(db_app, name="db", help="Migrate and check the SQL store.")
 app.add_typer(audit_app, name="audit", help="Inspect runs, trajectories and tokens.")
 tasks_app.command("check")(tasks_check_command)
 app.add_typer(tasks_app, name="tasks", help="Task families: list, show, check, tools.")
+app.add_typer(chat_app, name="chat", help="Chat formats: check one against a real template.")
 app.add_typer(sandbox_app, name="sandbox", help="Docker sandboxes: build, run, clean up, check.")
 app.add_typer(engine_app, name="engine", help="The embedded inference engine.")
 app.add_typer(model_app, name="model", help="Create and inspect policy checkpoints.")

@@ -36,8 +36,10 @@ class RunConfig(Section):
 class ModelConfig(Section):
     path: str = Field("var/models/tiny", description="local Hugging Face checkpoint directory")
     create_tiny: bool = Field(True, description="create the tiny default model if PATH is missing")
-    chat_format: Literal["auto", "hermes", "template"] = Field(
-        "auto", description="auto = the checkpoint's chat template if it has one, else hermes")
+    chat_format: Literal["auto", "hermes", "template", "qwen2.5", "qwen3", "llama3.1",
+                         "mistral-v0.3"] = Field(
+        "auto", description="auto = the family recognised from the checkpoint's chat template, "
+                            "else its template, else hermes (docs/tasks.md, Chat formats)")
     tool_listing: Literal["json", "names", "none"] = Field(
         "json", description="how tools are described in the prompt (none keeps prompts short "
                             "for tiny models trained on demonstrations)")

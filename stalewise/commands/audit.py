@@ -1,4 +1,4 @@
-"""`stalewise audit runs|trajectories|show`: rich tables on a terminal, `--json` for scripts."""
+"""`stalewise audit runs|trajectories|show|steps|template`: rich tables on a terminal, `--json` for scripts."""
 
 from __future__ import annotations
 
@@ -157,6 +157,10 @@ def show_command(trajectory_id: int, url: str = URL, as_json: bool = JSON,
                       f"{turn['prompt_tokens']} prompt tokens ({turn['cached_prompt_tokens']} "
                       f"cached), {len(turn['tokens'])} sampled, finish {turn['finish_reason']}, "
                       f"{turn['duration_s']:.3f} s")
+        segment_break = (turn["sampling"] or {}).get("segment_break")
+        if segment_break:
+            console.print(f"  new segment: the chat template is not append-only here "
+                          f"({segment_break})")
         tokens = turn["tokens"][:max_tokens] if max_tokens else turn["tokens"]
         table = Table(show_edge=False)
         for column in ("pos", "id", "text", "sampler logprob", "version", "kv version", "t (s)"):
@@ -171,3 +175,41 @@ def show_command(trajectory_id: int, url: str = URL, as_json: bool = JSON,
             console.print(f"  tool {call['name']}({json.dumps(call['arguments'])}) -> exit "
                           f"{call['exit_code']} {call['error_type'] or ''} "
                           f"{call['duration_s']:.3f} s: {call['observation'][:200]!r}")
+
+
+@app.command("template")
+def template_command(run: str = typer.Option(..., "--run", help="run id"), url: str = URL,
+                     tokenizer: str | None = typer.Option(
+                         None, help="model dir (default: the run's model.path)"),
+                     as_json: bool = JSON) -> None:
+    """Re-render a run's trajectories with its chat template; flag those whose tokens differ
+    (exit 1 when any does)."""
+    from stalewise.commands.template_audit import AuditError, audit_run
+
+    store = _open(url)
+    try:
+        report = audit_run(store, run, tokenizer_dir=tokenizer)
+    except AuditError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        store.close()
+    flagged = [row for row in report["trajectories"] if row["status"] == "mismatch"]
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        console = _console()
+        counts = report["counts"]
+        console.print(f"run {run}: format {report['format']}, tokenizer {report['tokenizer']}: "
+                      f"{counts['exact']} exact, {counts['sampled_noncanonical']} with sampled "
+                      f"ids tokenized differently (kept as sampled), {counts['mismatch']} "
+                      "differing from the template")
+        breaks = sum(len(row["breaks"]) for row in report["trajectories"])
+        if breaks:
+            console.print(f"{breaks} new segments started where the template was not "
+                          "append-only (reasons in `audit show`, sampling.segment_break)")
+        if flagged:
+            console.print(_table("trajectories whose tokens differ from the template", flagged,
+                                 ["id", "task", "turn", "difference"]))
+    if flagged:
+        raise typer.Exit(1)

@@ -144,3 +144,13 @@ def _json_or_text(text: str) -> Any:
         return json.loads(text)
     except (TypeError, ValueError):
         return text
+
+
+def trajectory_tasks(store: Store, run_id: str) -> list[dict[str, Any]]:
+    """A run's trajectories with their task keys, in id order (for re-rendering them)."""
+    t, ti = s.Trajectory.__table__, s.TaskInstance.__table__
+    query = (select(t.c.id, t.c.status, ti.c.key)
+             .select_from(t.outerjoin(ti, ti.c.id == t.c.task_instance_id))
+             .where(t.c.run_id == run_id).order_by(t.c.id))
+    with store.engine.connect() as c:
+        return [dict(id=r.id, status=r.status, task=r.key) for r in c.execute(query)]

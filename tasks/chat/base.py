@@ -5,7 +5,9 @@ which ids to append so that the sequence equals what the format renders for the 
 conversation (`continuation`). It never re-encodes sampled ids: they stay as sampled, and the
 continuation starts right after them. When a format cannot extend the previous sequence exactly
 (a template that rewrites history), `continuation` returns None and the caller starts a new
-training sample from a full render instead of faking a prefix.
+training sample from a full render instead of faking a prefix. Formats say why with a
+`SegmentBreak` (the loop records the reason on the new segment's first model call); a bare None
+is read as a break with an unnamed reason.
 
 Tool calls are parsed from the decoded text of the sampled ids; decoding is one-way, nothing is
 tokenized again.
@@ -42,6 +44,7 @@ class ParsedCall:
     name: str | None = None
     arguments: dict[str, Any] | None = None
     error: str | None = None
+    call_id: str | None = None  # the id the model wrote with the call (Mistral), if any
 
     @property
     def ok(self) -> bool:
@@ -65,6 +68,33 @@ class ParsedTurn:
         return tuple(call for call in self.calls if not call.ok)
 
 
+@dataclass(frozen=True)
+class SegmentBreak:
+    """Why a format cannot extend the previous token sequence exactly (a new segment starts).
+
+    `kind` is one of `turn_not_ended` (the sampled turn has no stop token), `turn_rewritten`
+    (the template renders the sampled turn differently from the sampled text),
+    `history_rewritten` (it renders earlier messages differently once more follow: dropped
+    reasoning, a system prompt that moves); `detail` shows where, in a few characters."""
+
+    kind: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.detail}" if self.detail else self.kind
+
+
+def first_difference(expected: str, actual: str, context: int = 24) -> str:
+    """Where two texts first differ, as `at char N: expected '…' got '…'` ('' when equal)."""
+    if expected == actual:
+        return ""
+    at = next((i for i, (a, b) in enumerate(zip(expected, actual)) if a != b),
+              min(len(expected), len(actual)))
+    start = max(0, at - context // 2)
+    return (f"at char {at}: template {expected[start:at + context]!r}, "
+            f"tokens {actual[start:at + context]!r}")
+
+
 class ChatFormat(Protocol):
     """Renders conversations to token ids and parses sampled turns. See the module docstring."""
 
@@ -76,13 +106,18 @@ class ChatFormat(Protocol):
 
     def continuation(self, history_ids: Sequence[int], messages: Sequence[ChatMessage],
                      new_messages: Sequence[ChatMessage],
-                     tools: Sequence[Tool]) -> list[int] | None:
+                     tools: Sequence[Tool]) -> list[int] | SegmentBreak | None:
         """Ids to append after `history_ids` (which end with a sampled turn and its stop token)
         so that the sequence renders `messages + new_messages` with a generation prompt;
-        `messages` already includes that assistant turn. None: no exact extension exists."""
+        `messages` already includes that assistant turn. A `SegmentBreak` (or None): no exact
+        extension exists, and why."""
         ...
 
     def parse(self, sampled_ids: Sequence[int], tools: Sequence[Tool]) -> ParsedTurn: ...
+
+    def assistant_message(self, parsed: ParsedTurn) -> ChatMessage:
+        """The assistant message a sampled turn becomes in the conversation."""
+        ...
 
     def encode_assistant(self, text: str) -> list[int]:
         """Ids of an assistant turn with this text, ending with the stop token (for

@@ -8,7 +8,8 @@ loss mask. Guarantees:
 - within a segment every model call's prompt is the previous call's prompt plus its sampled ids
   plus the format's continuation: an exact prefix extension, asserted on every append;
 - when the format cannot extend exactly, a new segment starts from a full render of the
-  conversation, and the old segment is kept unchanged.
+  conversation, and the old segment is kept unchanged; `segment_breaks[i]` says why segment i
+  started (None for the first).
 
 The agent loop and the demonstration renderer both use this class, so SFT samples and RL
 samples have the same layout by construction.
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tasks.chat.base import ChatFormat, ParsedTurn
+from tasks.chat.base import ChatFormat, ParsedTurn, SegmentBreak
 from tasks.chat.codec import int_list
 from tasks.messages import ChatMessage
 from tasks.tools import Tool
@@ -58,8 +59,9 @@ class Conversation:
         self.tools = tuple(tools)
         self.messages: list[ChatMessage] = list(messages)
         self.segments: list[SegmentTokens] = []
+        self.segment_breaks: list[SegmentBreak | None] = []
         self._sent = 0
-        self._start_segment()
+        self._start_segment(None)
 
     @property
     def segment_index(self) -> int:
@@ -88,7 +90,7 @@ class Conversation:
         assert current.token_ids[before:] == sampled_ids, "prefix property violated"
         self._sent = len(current.token_ids)
         parsed = self.format.parse(sampled_ids, self.tools)
-        self.messages.append(ChatMessage("assistant", parsed.text))
+        self.messages.append(self.format.assistant_message(parsed))
         return parsed
 
     def add_messages(self, new_messages: Sequence[ChatMessage]) -> bool:
@@ -98,16 +100,17 @@ class Conversation:
         extension = self.format.continuation(current.token_ids, self.messages, new_messages,
                                              self.tools)
         self.messages.extend(new_messages)
-        if extension is None:
-            self._start_segment()
+        if extension is None or isinstance(extension, SegmentBreak):
+            self._start_segment(extension or SegmentBreak("unnamed", "the format gave no reason"))
             return False
         before = len(current.token_ids)
         current.append(extension, sampled=False)
         assert len(current.token_ids) == before + len(extension), "prefix property violated"
         return True
 
-    def _start_segment(self) -> None:
+    def _start_segment(self, reason: SegmentBreak | None) -> None:
         segment = SegmentTokens()
         segment.append(self.format.render(self.messages, self.tools), sampled=False)
         self.segments.append(segment)
+        self.segment_breaks.append(reason)
         self._sent = 0

@@ -1,9 +1,13 @@
-"""The Hermes/Qwen chat format, rendered by the project itself (no template engine).
+"""The project's own ChatML/Hermes-style layout, rendered without a template engine.
 
-Layout of one message: `<|im_start|>{role}\n{content}<|im_end|>\n`; a tool message's content is
-wrapped as `<tool_response>{observation}</tool_response>`; the generation prompt is
-`<|im_start|>assistant\n`; the model ends its turn by sampling `<|im_end|>`. This is the layout
-of the tiny tokenizer's chat template and of Qwen2.5-style checkpoints.
+Layout of one message: `<|im_start|>{role}\n{content}<|im_end|>\n`; a tool message keeps the
+`tool` role and its content is wrapped as `<tool_response>{observation}</tool_response>`; the
+generation prompt is `<|im_start|>assistant\n`; the model ends its turn by sampling
+`<|im_end|>`. This is the layout of the tiny demo tokenizer's chat template, and nothing else:
+it is NOT Qwen2.5's layout (Qwen2.5's template renders a tool result as a `user` turn with
+`<tool_response>\n…\n</tool_response>` on their own lines, groups consecutive results, and adds a
+default system prompt). For a real checkpoint use its own template: the `qwen2.5`, `qwen3`,
+`llama3.1` and `mistral-v0.3` formats (`tasks.chat.families`).
 
 Guarantee: the format is append-only. After a sampled turn that ends with `<|im_end|>`, the
 continuation is the `\n` that closes the turn, the new messages and the next generation prompt,
@@ -22,6 +26,7 @@ from collections.abc import Sequence
 
 from tasks.chat.base import (
     ParsedTurn,
+    SegmentBreak,
     Tokenizer,
     ToolListing,
     single_token_id,
@@ -38,7 +43,10 @@ RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 
 
 class HermesChatFormat:
-    """Hermes/Qwen-style chat format for any tokenizer with single-id `<|im_start|>`/`<|im_end|>`."""
+    """The project's ChatML/Hermes layout (the tiny demo model's) for any tokenizer with single-id
+    `<|im_start|>`/`<|im_end|>`; not a real checkpoint's template (see the module docstring)."""
+
+    name = "hermes"
 
     def __init__(self, tokenizer: Tokenizer, *, tool_listing: ToolListing = "json") -> None:
         self.tokenizer = tokenizer
@@ -58,6 +66,10 @@ class HermesChatFormat:
     def stop_token_ids(self) -> tuple[int, ...]:
         return (self.im_end_id,)
 
+    @property
+    def wraps_tool_results(self) -> bool:
+        return True
+
     def message_text(self, message: ChatMessage) -> str:
         content = message.content
         if message.role == "tool":
@@ -74,9 +86,9 @@ class HermesChatFormat:
 
     def continuation(self, history_ids: Sequence[int], messages: Sequence[ChatMessage],
                      new_messages: Sequence[ChatMessage],
-                     tools: Sequence[Tool]) -> list[int] | None:
+                     tools: Sequence[Tool]) -> list[int] | SegmentBreak:
         if not history_ids or int(history_ids[-1]) != self.im_end_id:
-            return None
+            return SegmentBreak("turn_not_ended", f"the sampled turn does not end with {IM_END}")
         text = "\n" + "".join(self.message_text(m) for m in new_messages)
         return self._encode(text + f"{IM_START}assistant\n")
 
@@ -86,6 +98,9 @@ class HermesChatFormat:
         text = self.decode(ids[:-1] if ended else ids)
         return ParsedTurn(text=text, calls=parse_tool_calls(text, [t.name for t in tools]),
                           ended=ended)
+
+    def assistant_message(self, parsed: ParsedTurn) -> ChatMessage:
+        return ChatMessage("assistant", parsed.text)
 
     def encode_assistant(self, text: str) -> list[int]:
         return self._encode(text) + [self.im_end_id]

@@ -27,7 +27,7 @@ local process backend and, marked `docker`, the Docker backend):
     (`VerifierError`) is an infrastructure error (`verifier_error`); `verify_truncated`
     verifies truncated trajectories too.
 10. A template that cannot extend exactly starts a new segment (context_len 0), never a fake
-    prefix.
+    prefix; the segment's first call records why (`segment_break`).
 11. Versions: per-token weights/KV versions are kept; the outcome has min/max weights version.
 12. Read-only calls of one turn run concurrently; observations keep call order; long output is
     capped (head and tail) with the original size recorded.
@@ -527,6 +527,10 @@ async def test_a_template_that_rewrites_history_starts_a_new_segment(acquire):
     assert outcome.reward == 1.0
     assert [r.segment for r in recorder.model_calls] == [0, 1, 1]
     assert [r.context_len == 0 for r in recorder.model_calls] == [True, True, False]
+    breaks = [r.segment_break for r in recorder.model_calls]
+    assert breaks[0] is None and breaks[2] is None
+    assert breaks[1].startswith("turn_rewritten: at char 2: template '<tool_call>")
+    assert "tokens '<think>hm</think>" in breaks[1]
     assert len(outcome.segments) == 2
     for segment in outcome.segments:
         records = [r for r in recorder.model_calls if r.segment == segment.index]

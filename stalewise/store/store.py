@@ -26,7 +26,8 @@ from sqlalchemy import Connection, Engine, bindparam, func, insert, select, text
 
 from stalewise.records import FLOAT32, INT32, UINT8, SampledTokens, pack, unpack
 from stalewise.store import schema as s
-from stalewise.store.db import DEFAULT_URL, normalize_url, open_store_engine
+from stalewise.store.db import (DEFAULT_URL, normalize_url, open_readonly_engine,
+                                 open_store_engine)
 
 
 def now() -> float:
@@ -144,6 +145,12 @@ class Store:
     def open(cls, url: str = DEFAULT_URL, *, create: bool = False) -> "Store":
         url = normalize_url(url)
         return cls(open_store_engine(url, create=create), url)
+
+    @classmethod
+    def open_readonly(cls, url: str = DEFAULT_URL) -> "Store":
+        """A store whose every write fails (the database refuses it): for viewers."""
+        url = normalize_url(url)
+        return cls(open_readonly_engine(url), url)
 
     def close(self) -> None:
         self.engine.dispose()

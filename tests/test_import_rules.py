@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("stalewise", "orchestrator", "sandboxes", "tasks", "engine", "learner", "lab",
-        "migrations")
+        "migrations", "viewer")
 SHARED_TYPES = ("stalewise.records", "stalewise.engine_api", "sandboxes.api")
 HEAVY = ("torch", "transformers", "safetensors")
 
@@ -33,6 +33,10 @@ RULES = (
     Rule("learner", ("orchestrator", "sandboxes", "engine", "lab")),
     Rule("engine", ("orchestrator", "learner", "lab", "tasks", "sandboxes")),
     Rule("lab", ("orchestrator", "sandboxes", "tasks", "engine")),
+    # the viewer reads the store (and shared records) only: no torch, no other area, no CLI
+    Rule("viewer", tuple(p for p in OURS if p not in ("stalewise", "viewer")) + HEAVY
+         + ("stalewise.cli", "stalewise.commands")),
+    Rule("stalewise/store", ("viewer",)),
     Rule("stalewise/records.py", OURS + HEAVY),
     Rule("stalewise/engine_api.py", OURS + HEAVY, allowed=("stalewise.records",)),
 )

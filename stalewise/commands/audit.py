@@ -10,9 +10,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from stalewise.commands.export import export_command
 from stalewise.store.db import DEFAULT_URL
 
 app = typer.Typer(no_args_is_help=True)
+app.command("export")(export_command)
 URL = typer.Option(DEFAULT_URL, "--url", help="SQLite path/URL or PostgreSQL URL")
 JSON = typer.Option(False, "--json", help="print JSON instead of tables")
 

@@ -7,12 +7,16 @@ scripts can use them directly.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from sqlalchemy import func, select
 
+from stalewise.records import FLOAT32, unpack
 from stalewise.store import schema as s
 from stalewise.store.store import Store
 
@@ -158,8 +162,8 @@ def filter_choices(store: Store, run_id: str) -> dict[str, list[str]]:
                 for name, q in queries.items()}
 
 
-def _token_decoder(store: Store, run_id: str, tokenizer_dir: str | None):
-    """A function id -> text from the run's model directory, or None when there is none."""
+def _tokenizer(store: Store, run_id: str, tokenizer_dir: str | None):
+    """The run's tokenizer (from its model directory), or None when there is none."""
     if tokenizer_dir is None:
         run = store.run(run_id)
         tokenizer_dir = ((run.config or {}).get("model") or {}).get("path") if run else None
@@ -168,8 +172,45 @@ def _token_decoder(store: Store, run_id: str, tokenizer_dir: str | None):
         return None
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(path))
+    return Tokenizer.from_file(str(path))
+
+
+def token_decoder(store: Store, run_id: str,
+                  tokenizer_dir: str | None) -> Callable[[int], str] | None:
+    """A function id -> text from the run's model directory, or None when there is none."""
+    tokenizer = _tokenizer(store, run_id, tokenizer_dir)
+    if tokenizer is None:
+        return None
     return lambda token_id: tokenizer.decode([int(token_id)], skip_special_tokens=False)
+
+
+def text_decoder(store: Store, run_id: str,
+                 tokenizer_dir: str | None) -> Callable[[Sequence[int]], str] | None:
+    """A function ids -> text (whole sequences decode multi-byte characters correctly)."""
+    tokenizer = _tokenizer(store, run_id, tokenizer_dir)
+    if tokenizer is None:
+        return None
+    return lambda ids: tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def trainer_logprobs(store: Store, model_call_ids: Sequence[int]) -> dict[int, np.ndarray]:
+    """The learner's log-probs per model call (the latest row of each), float32 arrays with
+    NaN where the token was not trained; calls the learner has not recorded are absent."""
+    table = s.TrainerLogprobs.__table__
+    out: dict[int, np.ndarray] = {}
+    if not model_call_ids:
+        return out
+    with store.engine.connect() as c:
+        rows = c.execute(select(table.c.model_call_id, table.c.logprobs)
+                         .where(table.c.model_call_id.in_(list(model_call_ids)))
+                         .order_by(table.c.id))
+        for row in rows:
+            out[row.model_call_id] = unpack(row.logprobs, FLOAT32)
+    return out
+
+
+def _optional(value: float) -> float | None:
+    return None if math.isnan(value) else value
 
 
 def trajectory_detail(store: Store, trajectory_id: int, *,
@@ -177,8 +218,9 @@ def trajectory_detail(store: Store, trajectory_id: int, *,
     row = store.trajectory(trajectory_id)
     if row is None:
         return None
-    decode = _token_decoder(store, row.run_id, tokenizer_dir)
+    decode = token_decoder(store, row.run_id, tokenizer_dir)
     calls, tools = store.model_calls(trajectory_id), store.tool_calls(trajectory_id)
+    learner = trainer_logprobs(store, [call.id for call in calls])
     with store.engine.connect() as c:
         d = s.AdmissionDecision.__table__
         decisions = [dict(decision=r.decision, reason=r.reason, lag=r.lag,
@@ -188,12 +230,15 @@ def trajectory_detail(store: Store, trajectory_id: int, *,
     turns = []
     for call in calls:
         tok = call.tokens
+        trained = learner.get(call.id, np.full(len(tok), np.nan, dtype=np.float32))
         tokens = [dict(position=call.context_len + len(call.prompt_token_ids) + i,
                        id=int(tok.token_ids[i]),
                        text=decode(tok.token_ids[i]) if decode else None,
                        sampler_logprob=float(tok.sampler_logprobs[i]),
                        version=int(tok.weights_versions[i]), kv_version=int(tok.kv_versions[i]),
-                       time_s=float(tok.time_offsets[i]), loss_mask=int(call.loss_mask[i]))
+                       time_s=float(tok.time_offsets[i]), loss_mask=int(call.loss_mask[i]),
+                       trainer_logprob=_optional(float(trained[i])),
+                       log_ratio=_optional(float(trained[i] - tok.sampler_logprobs[i])))
                   for i in range(len(tok))]
         turns.append(dict(
             turn=call.turn, segment=call.segment, context_len=call.context_len,

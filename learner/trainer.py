@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -128,6 +128,8 @@ class Learner:
         self.step = step
         self.last_sequence = last_sequence
         self.optimizer_steps = 0
+        # called with (step, version, samples, log-probs B x T-1) after each no-grad pass
+        self.logprob_observers: list[Callable[..., None]] = []
 
     # ------------------------------------------------------------------ RL
     def rl_step(self, samples: Sequence[TrainingSample], *,
@@ -162,6 +164,8 @@ class Learner:
         t0 = time.perf_counter()
         proximal, reference, old_values = self._no_grad_pass(batch)
         t_proximal = time.perf_counter() - t0
+        for observe in self.logprob_observers:  # e.g. learner.trainer_logprobs
+            observe(self.step + 1, self.version, kept, proximal)
         advantages, returns = self._advantages(batch, rewards.to(self.device), old_values,
                                                baseline_peers)
 

@@ -161,12 +161,14 @@ def show_command(trajectory_id: int, url: str = URL, as_json: bool = JSON,
                       f"{turn['duration_s']:.3f} s")
         tokens = turn["tokens"][:max_tokens] if max_tokens else turn["tokens"]
         table = Table(show_edge=False)
-        for column in ("pos", "id", "text", "sampler logprob", "version", "kv version", "t (s)"):
+        for column in ("pos", "id", "text", "sampler logprob", "trainer logprob", "log-ratio",
+                       "version", "kv version", "t (s)"):
             table.add_column(column)
         for tok in tokens:
             table.add_row(str(tok["position"]), str(tok["id"]),
                           repr(tok["text"]) if tok["text"] is not None else "",
-                          f"{tok['sampler_logprob']:.4f}", str(tok["version"]),
+                          f"{tok['sampler_logprob']:.4f}", _fmt(tok["trainer_logprob"]),
+                          _fmt(tok["log_ratio"]), str(tok["version"]),
                           str(tok["kv_version"]), f"{tok['time_s']:.4f}")
         console.print(table)
         for call in turn["tool_calls"]:

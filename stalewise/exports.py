@@ -16,7 +16,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-import numpy as np
 from sqlalchemy import select
 
 from stalewise.store import audit

@@ -53,9 +53,11 @@ def link(path: str, label: Any, **query: Any) -> str:
 
 def table(headers: Iterable[str], rows: Iterable[Iterable[str]], *, css: str = "") -> str:
     """A table of already-rendered cells (each cell is HTML made by this package)."""
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    headers = list(headers)
+    head = ("<thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr></thead>"
+            if any(headers) else "")
     body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
-    return f'<table class="{esc(css)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<table class="{esc(css)}">{head}<tbody>{body}</tbody></table>'
 
 
 def page(title: str, body: str, *, crumbs: Iterable[tuple[str, str]] = (),

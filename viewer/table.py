@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from stalewise.store import audit
 from stalewise.store.audit import SORT_KEYS, TrajectoryFilter
 from stalewise.store.store import Store
-from viewer.html import esc, fmt, href, link, page, table
+from viewer.html import esc, fmt, href, link, page
 
 PAGE_SIZE = 50
 CHOICES = ("status", "purpose", "decision", "task", "difficulty", "stop_reason")
@@ -104,5 +104,3 @@ def trajectories_page(store: Store, run_id: str, query: Mapping[str, str]) -> st
     return page(f"trajectories of {run_id}", html,
                 crumbs=[(f"/runs/{run_id}", run_id), (path, "trajectories")], script=True)
 
-
-__all__ = ["BadQuery", "parse_filter", "trajectories_page", "table"]

@@ -8,6 +8,7 @@ channel and fills the hover card with `textContent`: no untrusted text is ever p
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Callable, Mapping
 
@@ -44,7 +45,7 @@ def _header(info: Mapping[str, Any], task: Any, admission: list[Any]) -> str:
             ["difficulty", esc(task.difficulty if task else "")],
             ["purpose", esc(info["purpose"])], ["status", esc(info["status"])],
             ["stop reason", esc(info["stop_reason"])], ["reward", fmt(info["reward"], 4)],
-            ["reward breakdown", esc(info["reward_breakdown"])],
+            ["reward breakdown", esc(json.dumps(info["reward_breakdown"], ensure_ascii=False))],
             ["weights versions", esc(f"{info['min_version']}..{info['max_version']}")],
             ["oldest KV version", fmt(info["min_kv_version"])],
             ["turns / model calls / tool calls",

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING
 
 import typer
 
 from stalewise.store.db import DEFAULT_URL
+
+if TYPE_CHECKING:
+    from stalewise.store.store import Store
 
 FORMATS = ("inspect", "parquet", "jsonl")
 
@@ -46,8 +49,7 @@ def export_command(out: Path = typer.Argument(..., help="output file (parquet, j
     typer.echo(written)
 
 
-def _write(store, run: str, out: Path, format: Literal["inspect", "parquet", "jsonl"] | str,
-           tokenizer: str | None) -> str:
+def _write(store: Store, run: str, out: Path, format: str, tokenizer: str | None) -> str:
     from stalewise import exports
 
     if format == "inspect":

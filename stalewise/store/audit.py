@@ -63,8 +63,8 @@ def learner_steps(store: Store, run_id: str) -> list[dict[str, Any]]:
 class TrajectoryFilter:
     """The filters of `audit trajectories` and the viewer's table; None means no filter.
 
-    `search` matches (case-insensitively on SQLite, as SQL LIKE does) the task's prompt or any
-    of the trajectory's tool arguments and outputs."""
+    `search` matches, ignoring case, the task's prompt or any of the trajectory's tool
+    arguments and outputs."""
 
     status: str | None = None
     purpose: str | None = None
@@ -107,9 +107,9 @@ def _filtered_trajectories(run_id: str, f: TrajectoryFilter):
     if f.search:
         pattern = f"%{f.search}%"
         in_tools = (select(tc.c.id).where(tc.c.trajectory_id == t.c.id)
-                    .where(tc.c.observation.like(pattern) | tc.c.arguments.like(pattern))
+                    .where(tc.c.observation.ilike(pattern) | tc.c.arguments.ilike(pattern))
                     .exists())
-        query = query.where(ti.c.prompt.like(pattern) | in_tools)
+        query = query.where(ti.c.prompt.ilike(pattern) | in_tools)
     columns = dict(id=t.c.id, reward=t.c.reward, lag=lag.c.lag, tokens=t.c.num_sampled_tokens,
                    turns=t.c.num_turns, duration=duration, status=t.c.status)
     return query, columns

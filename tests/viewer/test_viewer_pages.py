@@ -48,15 +48,18 @@ def test_line_chart_breaks_at_missing_values():
     assert "no data" in line_chart("loss", [1, 2], {"loss": [None, None]})
 
 
-@pytest.fixture
-def client(tmp_path):
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def client(tmp_path, request):
     model = tmp_path / "model"
     tokenizer = save_tiny_tokenizer(model)
-    url = f"sqlite:///{tmp_path / 'v.db'}"
+    url = (request.getfixturevalue("pg_url") if request.param == "postgresql"
+           else f"sqlite:///{tmp_path / 'v.db'}")
     store = Store.open(url, create=True)
     store.create_run("r1", name="long", config={"model": {"path": str(model)}},
                      pipeline_mode="inflight")
-    trajectory = store.create_trajectory("r1", group_id=None, task_instance_id=None)
+    task = store.task_instance_id("r1", family="f", key="k", content_hash="h",
+                                  prompt="count the abc")
+    trajectory = store.create_trajectory("r1", group_id=None, task_instance_id=task)
     ids = np.array(tokenizer.encode("abc " * 2500, add_special_tokens=False), np.int32)
     n = len(ids)
     store.insert_model_calls([model_call_row(
@@ -98,7 +101,9 @@ def test_bad_queries_and_unknown_ids(client):
     assert http.get("/runs/r1/trajectories?sort=colour").status_code == 400
     assert http.get("/runs/nope").status_code == 404
     assert http.get("/trajectories/999").status_code == 404
-    for path in ("/", "/runs/r1", "/runs/r1/trajectories"):
+    for path in ("/", "/runs/r1", "/runs/r1/trajectories?search=ABC&sort=reward&desc=1"):
         response = http.get(path)
         assert response.status_code == 200
         assert "script-src 'self'" in response.headers["content-security-policy"]
+    assert "1 trajectories" in http.get("/runs/r1/trajectories?search=ABC").text  # any case
+    assert "0 trajectories" in http.get("/runs/r1/trajectories?search=xyz").text

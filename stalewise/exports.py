@@ -166,7 +166,8 @@ def write_inspect(store: Store, run_id: str, out_dir: Path,
     try:
         from inspect_ai.log import EvalConfig, EvalDataset, EvalLog, EvalSpec, write_eval_log
     except ImportError:
-        raise RuntimeError(MISSING_EXTRA.format(what="Inspect export", package="inspect-ai")) from None
+        raise RuntimeError(MISSING_EXTRA.format(what="Inspect export",
+                                                package="inspect-ai")) from None
     run = store.run(run_id)
     if run is None:
         raise LookupError(f"no run {run_id} in {store.url}; list runs with: stalewise audit runs")

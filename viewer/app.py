@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
-
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
@@ -23,7 +21,7 @@ from stalewise.store.store import Store
 from viewer.html import esc, page
 from viewer.runs import dashboard_page, runs_page
 from viewer.table import BadQuery, trajectories_page
-from viewer.trajectory import trajectory_page
+from viewer.trajectory import Decoders, trajectory_page
 
 STATIC = Path(__file__).parent / "static"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
@@ -45,8 +43,9 @@ def create_app(store: Store) -> Starlette:
     """The viewer over `store` (which the caller opened read-only and closes)."""
 
     @lru_cache(maxsize=16)
-    def decoder_for(run_id: str) -> Callable[[int], str] | None:
-        return audit.token_decoder(store, run_id, None)
+    def decoders_for(run_id: str) -> Decoders:
+        return Decoders(audit.token_decoder(store, run_id, None),
+                        audit.text_decoder(store, run_id, None))
 
     def runs(request: Request) -> Response:
         return _html(runs_page(store), "runs")
@@ -64,7 +63,7 @@ def create_app(store: Store) -> Starlette:
 
     def trajectory(request: Request) -> Response:
         trajectory_id = request.path_params["trajectory_id"]
-        return _html(trajectory_page(store, trajectory_id, request.query_params, decoder_for),
+        return _html(trajectory_page(store, trajectory_id, request.query_params, decoders_for),
                      f"trajectory {trajectory_id}")
 
     return Starlette(routes=[

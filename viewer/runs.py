@@ -99,8 +99,9 @@ def _ledger(ledger: list[dict[str, Any]], skew: dict[str, Any] | None) -> str:
                   "excluded by reason", "reward admitted", "reward excluded",
                   "duration admitted", "duration excluded"], rows, css="ledger")
     if skew:
-        html += "<p>selection skew: " + esc(", ".join(
-            f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in skew.items())) + "</p>"
+        figures = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                            for k, v in skew.items())
+        html += f"<p>selection skew: {esc(figures)}</p>"
     return html
 
 
@@ -121,8 +122,8 @@ def dashboard_page(store: Store, run_id: str) -> str | None:
             f'<h2>evaluation before / after</h2>{_eval_table(run_stats.evaluations(store, run_id))}'
             f'<h2>throughput</h2><div class="charts">'
             f'{_throughput_charts(run_stats.throughput(store, run_id))}</div>'
-            f'<h2>lag</h2><div class="charts">{_lag_charts(run_stats.lag_histograms(store, run_id))}'
-            f'</div><h2>admission decisions by reason</h2><div class="charts">'
+            f'<h2>lag</h2><div class="charts">'
+            f'{_lag_charts(run_stats.lag_histograms(store, run_id))}</div><h2>admission decisions by reason</h2><div class="charts">'
             + bar_chart("decisions", [f"{d['decision']}/{d['reason']}" for d in decisions],
                         [d["count"] for d in decisions])
             + "</div>"

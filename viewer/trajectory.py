@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -27,6 +27,13 @@ CHANNELS = (("lp", "sampler log-prob"), ("v", "weights version"), ("kv", "KV ver
             ("ratio", "log-ratio trainer − sampler"))
 
 Decoder = Callable[[int], str]
+
+
+class Decoders(NamedTuple):
+    """A run's token decoder (one id) and text decoder (a sequence, e.g. a whole prompt)."""
+
+    token: Decoder | None
+    text: Callable[[Sequence[int]], str] | None
 
 
 def _clip(text: str, limit: int) -> str:
@@ -74,8 +81,9 @@ def _tool_calls(tools: list[Any]) -> str:
                  rows, css="tools")
 
 
-def _token_spans(call: StoredModelCall, lo: int, hi: int, first_index: int, decode: Decoder | None,
-                 trained: np.ndarray | None, data: dict[str, list]) -> str:
+def _token_spans(call: StoredModelCall, lo: int, hi: int, first_index: int,
+                 decode: Decoder | None, trained: np.ndarray | None,
+                 data: dict[str, list]) -> str:
     """Spans for tokens [lo, hi) of this call; their fields are appended to `data`."""
     tok, parts = call.tokens, []
     versions = tok.weights_versions
@@ -104,7 +112,7 @@ def _token_spans(call: StoredModelCall, lo: int, hi: int, first_index: int, deco
 
 
 def _turn(call: StoredModelCall, tools: list[Any], window: tuple[int, int], start: int,
-          decode: Decoder | None, trained: np.ndarray | None, data: dict[str, list],
+          decoders: Decoders, trained: np.ndarray | None, data: dict[str, list],
           page_link: Callable[[int], str]) -> str:
     n = len(call.tokens)
     versions = call.tokens.weights_versions
@@ -114,8 +122,7 @@ def _turn(call: StoredModelCall, tools: list[Any], window: tuple[int, int], star
             f'{esc(call.engine_id)} · versions '
             f'{esc(f"{versions.min()}..{versions.max()}" if n else "–")}</small></h3>')
     ids = call.prompt_token_ids[:PROMPT_CHARS]
-    prompt = ("".join(decode(int(i)) for i in ids) if decode
-              else " ".join(str(int(i)) for i in ids))
+    prompt = decoders.text(ids) if decoders.text else " ".join(str(int(i)) for i in ids)
     more = len(call.prompt_token_ids) - len(ids)
     prompt_html = (f'<details class="prompt"><summary>prompt added this turn</summary>'
                    f'<pre>{_clip(prompt, PROMPT_CHARS)}'
@@ -123,10 +130,12 @@ def _turn(call: StoredModelCall, tools: list[Any], window: tuple[int, int], star
                    + '</pre></details>')
     lo, hi = max(window[0] - start, 0), min(window[1] - start, n)
     if lo < hi:
-        before = f'<span class="cut">[{lo} earlier tokens on {page_link(start)}]</span>' if lo else ""
+        before = (f'<span class="cut">[{lo} earlier tokens on {page_link(start)}]</span>'
+                  if lo else "")
         after = (f'<span class="cut">[{n - hi} more tokens on {page_link(start + hi)}]</span>'
                  if hi < n else "")
-        spans = before + _token_spans(call, lo, hi, len(data["id"]), decode, trained, data) + after
+        spans = (before + _token_spans(call, lo, hi, len(data["id"]), decoders.token, trained,
+                                       data) + after)
     else:
         spans = f'<span class="cut">[{n} sampled tokens on {page_link(start)}]</span>'
     return (f'<section class="turn">{head}{prompt_html}<div class="tokens">{spans}</div>'
@@ -159,12 +168,12 @@ def _controls(has_trainer: bool, has_topk: bool) -> str:
 
 
 def trajectory_page(store: Store, trajectory_id: int, query: Mapping[str, str],
-                    decoder_for: Callable[[str], Decoder | None]) -> str | None:
+                    decoders_for: Callable[[str], Decoders]) -> str | None:
     row = store.trajectory(trajectory_id)
     if row is None:
         return None
     info = dict(row._mapping)
-    decode = decoder_for(info["run_id"])
+    decoders = decoders_for(info["run_id"])
     calls, tools = store.model_calls(trajectory_id), store.tool_calls(trajectory_id)
     trained = audit.trainer_logprobs(store, [c.id for c in calls])
     total = sum(len(c.tokens) for c in calls)
@@ -185,7 +194,7 @@ def trajectory_page(store: Store, trajectory_id: int, query: Mapping[str, str],
     turns, start = [], 0
     for call in calls:
         turns.append(_turn(call, [t for t in tools if t.turn == call.turn], window, start,
-                           decode, trained.get(call.id), data, page_link))
+                           decoders, trained.get(call.id), data, page_link))
         start += len(call.tokens)
     task = _task(store, info["task_instance_id"])
     pager = (f'<p class="pager" id="token-pager">{total} sampled tokens · token page {page_no} of '

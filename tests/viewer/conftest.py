@@ -37,7 +37,8 @@ def browser(tmp_path_factory):
     chromium = shutil.which("chromium")
     driver = shutil.which("chromedriver")
     if chromium is None or driver is None:
-        pytest.fail("chromium and chromedriver are not installed; run: bash scripts/setup_browser.sh")
+        pytest.fail("chromium and chromedriver are not installed; "
+                    "run: bash scripts/setup_browser.sh")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     for flag in CHROMIUM_FLAGS:

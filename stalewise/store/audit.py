@@ -6,6 +6,7 @@ scripts can use them directly.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -181,7 +182,12 @@ def token_decoder(store: Store, run_id: str,
     tokenizer = _tokenizer(store, run_id, tokenizer_dir)
     if tokenizer is None:
         return None
-    return lambda token_id: tokenizer.decode([int(token_id)], skip_special_tokens=False)
+
+    @functools.lru_cache(maxsize=1 << 18)  # a trajectory repeats ids; the top-k even more
+    def decode(token_id: int) -> str:
+        return tokenizer.decode([token_id], skip_special_tokens=False)
+
+    return lambda token_id: decode(int(token_id))
 
 
 def text_decoder(store: Store, run_id: str,

@@ -239,6 +239,11 @@ class LearnerConfig(_Strict):
     device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda'")
     dtype: Literal["float32", "bfloat16"] = "float32"
     seed: int = 0
+    record_trainer_logprobs: bool = Field(
+        True, description="store the learner's log-prob of every trained token (per model "
+        "call) for the viewer and `audit show`")
+    trainer_logprobs_every: int = Field(
+        1, ge=1, description="record the trainer's log-probs on one learner step in N")
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerConfig:

@@ -27,6 +27,7 @@ from learner.config import LearnerConfig
 from learner.metrics import ConsoleSink, StepReport
 from learner.store_source import StoreSource
 from learner.trainer import Learner
+from learner.trainer_logprobs import TrainerLogprobRecorder
 from stalewise.store.store import Store
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -105,9 +106,13 @@ def serve(*, db_url: str, run_id: str, cfg: LearnerConfig, model_dir: Path, publ
         with open(target, "rb") as handle:
             os.fsync(handle.fileno())
 
+    recorder = TrainerLogprobRecorder(store, run_id, every=cfg.trainer_logprobs_every)
     learner = Learner(start_dir, cfg, publish_root=publish_root, mark_published=save_optimizer,
-                      sinks=[StoreSink(store, run_id), ConsoleSink()], version=version,
-                      step=step, last_sequence=last_seq)
+                      sinks=[StoreSink(store, run_id), ConsoleSink(),
+                             *([recorder] if cfg.record_trainer_logprobs else [])],
+                      version=version, step=step, last_sequence=last_seq)
+    if cfg.record_trainer_logprobs:
+        learner.logprob_observers.append(recorder.observe)
     if (start_dir / OPTIMIZER_FILE).exists():
         learner.optimizer.load_state_dict(torch.load(start_dir / OPTIMIZER_FILE))
     log(json.dumps({"event": "learner started", "run_id": run_id, "version": version,

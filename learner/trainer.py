@@ -164,6 +164,8 @@ class Learner:
         self.step = step
         self.last_sequence = last_sequence
         self.optimizer_steps = 0
+        # called with (step, version, samples, log-probs B x T-1) after each no-grad pass
+        self.logprob_observers: list[Callable[..., None]] = []
 
     # ------------------------------------------------------------------ the batch loop
     def run(
@@ -220,6 +222,8 @@ class Learner:
         t0 = time.perf_counter()
         step = self._step_tensors(batch, rewards.to(self.device), baseline_peers)
         t_proximal = time.perf_counter() - t0
+        for observe in self.logprob_observers:  # e.g. learner.trainer_logprobs
+            observe(self.step + 1, self.version, kept, step.proximal_logprobs_B_Tm1)
 
         t0 = time.perf_counter()
         totals = _MetricMean()

@@ -191,6 +191,20 @@ CREATE TABLE tool_calls (
 	CONSTRAINT fk_tool_calls_trajectory_id_trajectories FOREIGN KEY(trajectory_id) REFERENCES trajectories (id) ON DELETE CASCADE
 );
 
+CREATE TABLE trainer_logprobs (
+	id INTEGER NOT NULL,
+	run_id VARCHAR(64) NOT NULL,
+	model_call_id INTEGER NOT NULL,
+	learner_step INTEGER NOT NULL,
+	policy_version INTEGER,
+	num_tokens INTEGER NOT NULL,
+	logprobs BLOB NOT NULL,
+	created_at FLOAT NOT NULL,
+	CONSTRAINT pk_trainer_logprobs PRIMARY KEY (id),
+	CONSTRAINT fk_trainer_logprobs_model_call_id_model_calls FOREIGN KEY(model_call_id) REFERENCES model_calls (id) ON DELETE CASCADE,
+	CONSTRAINT fk_trainer_logprobs_run_id_runs FOREIGN KEY(run_id) REFERENCES runs (id) ON DELETE CASCADE
+);
+
 CREATE TABLE trajectories (
 	id INTEGER NOT NULL,
 	run_id VARCHAR(64) NOT NULL,
@@ -249,6 +263,10 @@ CREATE INDEX ix_sandboxes_trajectory_id ON sandboxes (trajectory_id);
 CREATE INDEX ix_task_instances_run_id ON task_instances (run_id);
 
 CREATE INDEX ix_tool_calls_trajectory_turn ON tool_calls (trajectory_id, turn);
+
+CREATE INDEX ix_trainer_logprobs_model_call_id ON trainer_logprobs (model_call_id);
+
+CREATE INDEX ix_trainer_logprobs_run_id ON trainer_logprobs (run_id);
 
 CREATE INDEX ix_trajectories_group_id ON trajectories (group_id);
 

@@ -33,6 +33,7 @@ fi
 
 bash scripts/ensure_mcp_sdk.sh "$VENV/bin/python"  # MCP SDK folder for in-sandbox MCP servers (tests)
 bash scripts/fetch_chat_fixtures.sh "$VENV/bin/python"
+bash scripts/setup_browser.sh
 
 if [ "${STALEWISE_SKIP_DOCKER:-0}" != "1" ]; then
   bash scripts/sandbox_setup.sh "$VENV/bin/stalewise"

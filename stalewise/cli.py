@@ -15,11 +15,13 @@ from stalewise.commands.db import app as db_app
 from stalewise.commands.run import run_command
 from stalewise.commands.tasks import check_command as tasks_check_command
 from tasks.cli import app as tasks_app
+from viewer.cli import view_command
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="stalewise: RL post-training of LLM agents on long, tool-using tasks.")
 app.command("run")(run_command)
 app.command("compare")(compare_command)
+app.command("view")(view_command)
 app.add_typer(db_app, name="db", help="Migrate and check the SQL store.")
 app.add_typer(audit_app, name="audit", help="Inspect runs, trajectories and tokens.")
 tasks_app.command("check")(tasks_check_command)

@@ -39,3 +39,71 @@ def pg_url() -> Iterator[str]:
         with admin.connect() as c:
             c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         admin.dispose()
+
+
+REAL_RUN_CONFIG = """
+[run]
+name = "real-run"
+db_url = "sqlite:///{dir}/store.db"
+output_dir = "{dir}/runs"
+progress_every_s = 5.0
+
+[model]
+path = "{model}"
+create_tiny = false
+chat_format = "hermes"
+tool_listing = "none"
+
+[tasks]
+family = "arith"
+options = {{ max_ops = 1 }}
+eval_instances = 2
+
+[rollout]
+group_size = 2
+max_concurrent = 4
+max_tokens_per_turn = 24
+logprobs_topk = 3
+
+[sandbox]
+backend = "local"
+pool_size = 2
+max_live = 8
+
+[learner]
+batch_size = 4
+micro_batch_size = 4
+
+[pipeline]
+mode = "async"
+steps = 2
+"""
+
+
+@pytest.fixture(scope="session")
+def real_run(tmp_path_factory) -> tuple[str, str]:
+    """(database URL, run id) of a short real job: tiny model, local sandboxes, two async
+    learner steps, an evaluation before and after. Made once per test session (about a minute
+    and a half on two cores) for the readers of a run: the viewer and the exports."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from engine.tiny import init_tiny
+    from stalewise.store.store import Store
+
+    directory = tmp_path_factory.mktemp("real-run")
+    model = init_tiny(directory / "tiny")
+    config = directory / "job.toml"
+    config.write_text(REAL_RUN_CONFIG.format(dir=directory, model=model))
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "stalewise", "run", str(config)], cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    url = f"sqlite:///{directory / 'store.db'}"
+    store = Store.open(url)
+    try:
+        run_id = store.runs()[0].id
+    finally:
+        store.close()
+    return url, run_id

@@ -12,9 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("stalewise", "orchestrator", "sandboxes", "tasks", "engine", "learner", "lab",
-        "migrations")
-SHARED_TYPES = ("stalewise.records", "stalewise.engine_api", "stalewise.engine_config",
-                "stalewise.config_base", "sandboxes.api")
+        "migrations", "viewer")
 HEAVY = ("torch", "transformers", "safetensors")
 
 
@@ -35,6 +33,10 @@ RULES = (
     Rule("learner", ("orchestrator", "sandboxes", "engine", "lab")),
     Rule("engine", ("orchestrator", "learner", "lab", "tasks", "sandboxes")),
     Rule("lab", ("orchestrator", "sandboxes", "tasks", "engine")),
+    # the viewer reads the store (and shared records) only: no torch, no other area, no CLI
+    Rule("viewer", tuple(p for p in OURS if p not in ("stalewise", "viewer")) + HEAVY
+         + ("stalewise.cli", "stalewise.commands")),
+    Rule("stalewise/store", ("viewer",)),
     Rule("stalewise/records.py", OURS + HEAVY),
     Rule("stalewise/engine_api.py", OURS + HEAVY, allowed=("stalewise.records",)),
     Rule("stalewise/config_base.py", OURS + HEAVY),

@@ -10,9 +10,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from stalewise.commands.export import export_command
 from stalewise.store.db import DEFAULT_URL
 
 app = typer.Typer(no_args_is_help=True)
+app.command("export")(export_command)
 URL = typer.Option(DEFAULT_URL, "--url", help="SQLite path/URL or PostgreSQL URL")
 JSON = typer.Option(False, "--json", help="print JSON instead of tables")
 
@@ -163,12 +165,14 @@ def show_command(trajectory_id: int, url: str = URL, as_json: bool = JSON,
                           f"({segment_break})")
         tokens = turn["tokens"][:max_tokens] if max_tokens else turn["tokens"]
         table = Table(show_edge=False)
-        for column in ("pos", "id", "text", "sampler logprob", "version", "kv version", "t (s)"):
+        for column in ("pos", "id", "text", "sampler logprob", "trainer logprob", "log-ratio",
+                       "version", "kv version", "t (s)"):
             table.add_column(column)
         for tok in tokens:
             table.add_row(str(tok["position"]), str(tok["id"]),
                           repr(tok["text"]) if tok["text"] is not None else "",
-                          f"{tok['sampler_logprob']:.4f}", str(tok["version"]),
+                          f"{tok['sampler_logprob']:.4f}", _fmt(tok["trainer_logprob"]),
+                          _fmt(tok["log_ratio"]), str(tok["version"]),
                           str(tok["kv_version"]), f"{tok['time_s']:.4f}")
         console.print(table)
         for call in turn["tool_calls"]:

@@ -6,12 +6,17 @@ scripts can use them directly.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
+import numpy as np
 from sqlalchemy import func, select
 
+from stalewise.records import FLOAT32, unpack
 from stalewise.store import schema as s
 from stalewise.store.store import Store
 
@@ -54,28 +59,76 @@ def learner_steps(store: Store, run_id: str) -> list[dict[str, Any]]:
     return rows
 
 
-def trajectories(store: Store, run_id: str, *, status: str | None = None,
-                 min_lag: int | None = None, reward_below: float | None = None,
-                 purpose: str | None = None, decision: str | None = None,
-                 limit: int = 200) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class TrajectoryFilter:
+    """The filters of `audit trajectories` and the viewer's table; None means no filter.
+
+    `search` matches, ignoring case, the task's prompt or any of the trajectory's tool
+    arguments and outputs."""
+
+    status: str | None = None
+    purpose: str | None = None
+    decision: str | None = None
+    min_lag: int | None = None
+    reward_min: float | None = None
+    reward_below: float | None = None
+    task: str | None = None
+    difficulty: str | None = None
+    stop_reason: str | None = None
+    search: str | None = None
+
+
+SORT_KEYS = ("id", "reward", "lag", "tokens", "turns", "duration", "status")
+
+
+def _filtered_trajectories(run_id: str, f: TrajectoryFilter):
     t, d, ti = s.Trajectory.__table__, s.AdmissionDecision.__table__, s.TaskInstance.__table__
+    tc = s.ToolCall.__table__
     lag = (select(d.c.trajectory_id, func.max(d.c.lag).label("lag"),
                   func.max(d.c.decision).label("decision"))
            .where(d.c.run_id == run_id).group_by(d.c.trajectory_id).subquery())
-    query = (select(t, lag.c.lag, lag.c.decision, ti.c.family, ti.c.key, ti.c.difficulty)
+    duration = (t.c.finished_at - t.c.started_at).label("duration")
+    query = (select(t, lag.c.lag, lag.c.decision, ti.c.family, ti.c.key, ti.c.difficulty,
+                    duration)
              .select_from(t.outerjoin(lag, lag.c.trajectory_id == t.c.id)
                           .outerjoin(ti, ti.c.id == t.c.task_instance_id))
-             .where(t.c.run_id == run_id).order_by(t.c.id).limit(limit))
-    if status is not None:
-        query = query.where(t.c.status == status)
-    if min_lag is not None:
-        query = query.where(lag.c.lag >= min_lag)
-    if reward_below is not None:
-        query = query.where(t.c.reward < reward_below)
-    if purpose is not None:
-        query = query.where(t.c.purpose == purpose)
-    if decision is not None:
-        query = query.where(lag.c.decision == decision)
+             .where(t.c.run_id == run_id))
+    equal = ((t.c.status, f.status), (t.c.purpose, f.purpose), (lag.c.decision, f.decision),
+             (ti.c.key, f.task), (ti.c.difficulty, f.difficulty), (t.c.stop_reason, f.stop_reason))
+    for column, value in equal:
+        if value is not None:
+            query = query.where(column == value)
+    if f.min_lag is not None:
+        query = query.where(lag.c.lag >= f.min_lag)
+    if f.reward_min is not None:
+        query = query.where(t.c.reward >= f.reward_min)
+    if f.reward_below is not None:
+        query = query.where(t.c.reward < f.reward_below)
+    if f.search:
+        pattern = f"%{f.search}%"
+        in_tools = (select(tc.c.id).where(tc.c.trajectory_id == t.c.id)
+                    .where(tc.c.observation.ilike(pattern) | tc.c.arguments.ilike(pattern))
+                    .exists())
+        query = query.where(ti.c.prompt.ilike(pattern) | in_tools)
+    columns = dict(id=t.c.id, reward=t.c.reward, lag=lag.c.lag, tokens=t.c.num_sampled_tokens,
+                   turns=t.c.num_turns, duration=duration, status=t.c.status)
+    return query, columns
+
+
+def trajectories(store: Store, run_id: str, *, status: str | None = None,
+                 min_lag: int | None = None, reward_below: float | None = None,
+                 purpose: str | None = None, decision: str | None = None,
+                 limit: int = 200, where: TrajectoryFilter | None = None, sort: str = "id",
+                 descending: bool = False, offset: int = 0) -> list[dict[str, Any]]:
+    """A run's trajectories with their task, lag and admission decision. `where` carries every
+    filter (the keyword filters are the CLI's short form); `sort` is one of SORT_KEYS."""
+    if sort not in SORT_KEYS:
+        raise ValueError(f"sort {sort!r} is not one of {', '.join(SORT_KEYS)}")
+    f = where or TrajectoryFilter(status=status, min_lag=min_lag, reward_below=reward_below,
+                                  purpose=purpose, decision=decision)
+    query, columns = _filtered_trajectories(run_id, f)
+    key = columns[sort].desc() if descending else columns[sort].asc()
+    query = query.order_by(key.nulls_last(), columns["id"]).limit(limit).offset(offset)
     with store.engine.connect() as c:
         return [dict(id=r.id, task=r.key, purpose=r.purpose,
                      difficulty=r.difficulty, group=r.group_id, sample=r.sample_index,
@@ -87,8 +140,30 @@ def trajectories(store: Store, run_id: str, *, status: str | None = None,
                 for r in c.execute(query)]
 
 
-def _token_decoder(store: Store, run_id: str, tokenizer_dir: str | None):
-    """A function id -> text from the run's model directory, or None when there is none."""
+def count_trajectories(store: Store, run_id: str, where: TrajectoryFilter) -> int:
+    query, _ = _filtered_trajectories(run_id, where)
+    with store.engine.connect() as c:
+        return c.execute(select(func.count()).select_from(query.subquery())).scalar_one()
+
+
+def filter_choices(store: Store, run_id: str) -> dict[str, list[str]]:
+    """The distinct values a run has for the table's choice filters (for drop-down menus)."""
+    t, ti = s.Trajectory.__table__, s.TaskInstance.__table__
+    d = s.AdmissionDecision.__table__
+    queries = dict(
+        status=select(t.c.status).where(t.c.run_id == run_id),
+        purpose=select(t.c.purpose).where(t.c.run_id == run_id),
+        stop_reason=select(t.c.stop_reason).where(t.c.run_id == run_id),
+        decision=select(d.c.decision).where(d.c.run_id == run_id),
+        difficulty=select(ti.c.difficulty).where(ti.c.run_id == run_id),
+        task=select(ti.c.key).where(ti.c.run_id == run_id))
+    with store.engine.connect() as c:
+        return {name: sorted({v for v in c.execute(q.distinct()).scalars() if v is not None})
+                for name, q in queries.items()}
+
+
+def _tokenizer(store: Store, run_id: str, tokenizer_dir: str | None):
+    """The run's tokenizer (from its model directory), or None when there is none."""
     if tokenizer_dir is None:
         run = store.run(run_id)
         tokenizer_dir = ((run.config or {}).get("model") or {}).get("path") if run else None
@@ -97,8 +172,50 @@ def _token_decoder(store: Store, run_id: str, tokenizer_dir: str | None):
         return None
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(path))
-    return lambda token_id: tokenizer.decode([int(token_id)], skip_special_tokens=False)
+    return Tokenizer.from_file(str(path))
+
+
+def token_decoder(store: Store, run_id: str,
+                  tokenizer_dir: str | None) -> Callable[[int], str] | None:
+    """A function id -> text from the run's model directory, or None when there is none."""
+    tokenizer = _tokenizer(store, run_id, tokenizer_dir)
+    if tokenizer is None:
+        return None
+
+    @functools.lru_cache(maxsize=1 << 18)  # a trajectory repeats ids; the top-k even more
+    def decode(token_id: int) -> str:
+        return tokenizer.decode([token_id], skip_special_tokens=False)
+
+    return lambda token_id: decode(int(token_id))
+
+
+def text_decoder(store: Store, run_id: str,
+                 tokenizer_dir: str | None) -> Callable[[Sequence[int]], str] | None:
+    """A function ids -> text (whole sequences decode multi-byte characters correctly)."""
+    tokenizer = _tokenizer(store, run_id, tokenizer_dir)
+    if tokenizer is None:
+        return None
+    return lambda ids: tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def trainer_logprobs(store: Store, model_call_ids: Sequence[int]) -> dict[int, np.ndarray]:
+    """The learner's log-probs per model call (the latest row of each), float32 arrays with
+    NaN where the token was not trained; calls the learner has not recorded are absent."""
+    table = s.TrainerLogprobs.__table__
+    out: dict[int, np.ndarray] = {}
+    if not model_call_ids:
+        return out
+    with store.engine.connect() as c:
+        rows = c.execute(select(table.c.model_call_id, table.c.logprobs)
+                         .where(table.c.model_call_id.in_(list(model_call_ids)))
+                         .order_by(table.c.id))
+        for row in rows:
+            out[row.model_call_id] = unpack(row.logprobs, FLOAT32)
+    return out
+
+
+def _optional(value: float) -> float | None:
+    return None if math.isnan(value) else value
 
 
 def trajectory_detail(store: Store, trajectory_id: int, *,
@@ -106,8 +223,9 @@ def trajectory_detail(store: Store, trajectory_id: int, *,
     row = store.trajectory(trajectory_id)
     if row is None:
         return None
-    decode = _token_decoder(store, row.run_id, tokenizer_dir)
+    decode = token_decoder(store, row.run_id, tokenizer_dir)
     calls, tools = store.model_calls(trajectory_id), store.tool_calls(trajectory_id)
+    learner = trainer_logprobs(store, [call.id for call in calls])
     with store.engine.connect() as c:
         d = s.AdmissionDecision.__table__
         decisions = [dict(decision=r.decision, reason=r.reason, lag=r.lag,
@@ -117,12 +235,15 @@ def trajectory_detail(store: Store, trajectory_id: int, *,
     turns = []
     for call in calls:
         tok = call.tokens
+        trained = learner.get(call.id, np.full(len(tok), np.nan, dtype=np.float32))
         tokens = [dict(position=call.context_len + len(call.prompt_token_ids) + i,
                        id=int(tok.token_ids[i]),
                        text=decode(tok.token_ids[i]) if decode else None,
                        sampler_logprob=float(tok.sampler_logprobs[i]),
                        version=int(tok.weights_versions[i]), kv_version=int(tok.kv_versions[i]),
-                       time_s=float(tok.time_offsets[i]), loss_mask=int(call.loss_mask[i]))
+                       time_s=float(tok.time_offsets[i]), loss_mask=int(call.loss_mask[i]),
+                       trainer_logprob=_optional(float(trained[i])),
+                       log_ratio=_optional(float(trained[i] - tok.sampler_logprobs[i])))
                   for i in range(len(tok))]
         turns.append(dict(
             turn=call.turn, segment=call.segment, context_len=call.context_len,

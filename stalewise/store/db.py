@@ -65,6 +65,45 @@ def make_engine(url: str = DEFAULT_URL) -> Engine:
     return engine
 
 
+def make_readonly_engine(url: str = DEFAULT_URL) -> Engine:
+    """An engine that cannot write: SQLite opened with `mode=ro` (plain deferred transactions,
+    no write lock taken), PostgreSQL sessions with `default_transaction_read_only` on. For
+    readers such as `stalewise view`; a missing SQLite file is an error, never created."""
+    url = normalize_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=4,
+                             connect_args={"options": "-c default_transaction_read_only=on"})
+    path = Path(parsed.database or "")
+    if not path.is_file():
+        raise FileNotFoundError(f"no SQLite database at {path}; pass the --url of a run's store")
+    ro_url = f"sqlite:///file:{path.resolve()}?mode=ro&uri=true"
+    engine = create_engine(ro_url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
+                                                 "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None
+        dbapi_connection.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+
+    @event.listens_for(engine, "begin")
+    def _begin_deferred(connection) -> None:
+        connection.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+def open_readonly_engine(url: str = DEFAULT_URL) -> Engine:
+    """A read-only engine on a store at head (StaleSchemaError says how to migrate)."""
+    engine = make_readonly_engine(url)
+    try:
+        check_schema(engine, normalize_url(url))
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
+
+
 def alembic_config(url: str) -> Config:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))

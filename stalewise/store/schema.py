@@ -281,3 +281,24 @@ class BiasLedgerRow(Base):
     mean_reward_excluded: Mapped[float | None] = mapped_column(Float)
     mean_duration_admitted: Mapped[float | None] = mapped_column(Float)
     mean_duration_excluded: Mapped[float | None] = mapped_column(Float)
+
+
+class TrainerLogprobs(Base):
+    """The log-probs the learner's forward computed for one model call's sampled tokens.
+
+    `logprobs` is float32 little-endian, one entry per sampled token of the call (the same
+    length as `model_calls.token_ids`), NaN where the learner did not train the token
+    (loss mask 0). Written after the learner step that computed them; a step redone after a
+    learner crash adds a new row, and readers take the latest (highest id)."""
+
+    __tablename__ = "trainer_logprobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    model_call_id: Mapped[int] = mapped_column(
+        ForeignKey("model_calls.id", ondelete="CASCADE"), index=True)
+    learner_step: Mapped[int] = mapped_column(Integer)
+    policy_version: Mapped[int | None] = mapped_column(Integer)  # weights of the forward pass
+    num_tokens: Mapped[int] = mapped_column(Integer)
+    logprobs: Mapped[bytes] = mapped_column(LargeBinary)  # float32 (num_tokens,)
+    created_at: Mapped[float] = mapped_column(Float)

@@ -26,7 +26,7 @@ from sqlalchemy import Connection, Engine, bindparam, func, insert, select, text
 
 from stalewise.records import FLOAT32, INT32, UINT8, SampledTokens, pack, unpack
 from stalewise.store import schema as s
-from stalewise.store.db import DEFAULT_URL, normalize_url, open_store_engine
+from stalewise.store.db import DEFAULT_URL, normalize_url, open_readonly_engine, open_store_engine
 
 
 def now() -> float:
@@ -144,6 +144,12 @@ class Store:
     def open(cls, url: str = DEFAULT_URL, *, create: bool = False) -> "Store":
         url = normalize_url(url)
         return cls(open_store_engine(url, create=create), url)
+
+    @classmethod
+    def open_readonly(cls, url: str = DEFAULT_URL) -> "Store":
+        """A store whose every write fails (the database refuses it): for viewers."""
+        url = normalize_url(url)
+        return cls(open_readonly_engine(url), url)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -481,6 +487,33 @@ class Store:
         with self.engine.connect() as c:
             return list(c.execute(select(table).where(table.c.run_id == run_id)
                                   .order_by(table.c.step)))
+
+    # ---------------------------------------------------------------- trainer log-probs
+    def model_call_layout(self, trajectory_ids: Sequence[int]
+                          ) -> dict[int, list[tuple[int, int, np.ndarray]]]:
+        """(model call id, sampled tokens, loss mask) per trajectory, in the learner's order
+        (segment, turn, id): the order in which its sampled tokens form the training sample."""
+        table = s.ModelCall.__table__
+        out: dict[int, list[tuple[int, int, np.ndarray]]] = {tid: [] for tid in trajectory_ids}
+        with self.engine.connect() as c:
+            rows = c.execute(select(table.c.id, table.c.trajectory_id, table.c.num_tokens,
+                                    table.c.loss_mask)
+                             .where(table.c.trajectory_id.in_(list(trajectory_ids)))
+                             .order_by(table.c.trajectory_id, table.c.segment, table.c.turn,
+                                       table.c.id))
+            for r in rows:
+                out[r.trajectory_id].append((r.id, r.num_tokens, unpack(r.loss_mask, UINT8)))
+        return out
+
+    def insert_trainer_logprobs(self, run_id: str, rows: Sequence[dict[str, Any]]) -> None:
+        """Rows of `trainer_logprobs` (model_call_id, learner_step, policy_version, num_tokens,
+        logprobs as packed float32), in one transaction."""
+        if not rows:
+            return
+        stamp = now()
+        with self.engine.begin() as c:
+            c.execute(insert(s.TrainerLogprobs.__table__),
+                      [dict(run_id=run_id, created_at=stamp, **row) for row in rows])
 
     def count(self, model: type[s.Base], **where: Any) -> int:
         table = model.__table__

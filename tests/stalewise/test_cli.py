@@ -91,6 +91,42 @@ def test_audit_commands(tmp_path):
     assert "sampler logprob" in table and "-0.2500" in table and "'<answer>'" in table
 
 
+def test_audit_show_puts_the_trainer_logprob_next_to_the_sampler(tmp_path):
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    trajectory = _synthetic_run(url, tmp_path / "model")
+    store = Store.open(url)
+    (call,) = store.model_calls(trajectory)
+    n = len(call.tokens)
+    trained = np.full(n, -0.5, np.float32)
+    trained[0] = np.nan  # a token the learner did not train
+    store.insert_trainer_logprobs("r1", [dict(model_call_id=call.id, learner_step=1,
+                                              policy_version=3, num_tokens=n,
+                                              logprobs=trained.tobytes())])
+    store.close()
+    detail = json.loads(_invoke("audit", "show", str(trajectory), "--url", url, "--json").output)
+    tokens = detail["turns"][0]["tokens"]
+    assert tokens[0]["trainer_logprob"] is None and tokens[0]["log_ratio"] is None
+    assert tokens[1]["trainer_logprob"] == -0.5 and tokens[1]["log_ratio"] == -0.25
+    table = _invoke("audit", "show", str(trajectory), "--url", url).output
+    assert "trainer logprob" in table and "log-ratio" in table and "-0.25" in table
+
+
+def test_view_refuses_a_missing_database(tmp_path):
+    result = runner.invoke(app, ["view", "--url", str(tmp_path / "none.db")])
+    assert result.exit_code == 1 and "no SQLite database at" in result.output
+
+
+def test_export_refuses_an_unknown_format_and_run(tmp_path):
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    _synthetic_run(url, tmp_path / "model")
+    bad = runner.invoke(app, ["audit", "export", "--run", "r1", "--url", url, "--format", "csv",
+                              str(tmp_path / "out")])
+    assert bad.exit_code == 2 and "inspect, parquet, jsonl" in bad.output
+    missing = runner.invoke(app, ["audit", "export", "--run", "r9", "--url", url, "--format",
+                                  "jsonl", str(tmp_path / "out.jsonl")])
+    assert missing.exit_code == 1 and "no run 'r9'" in missing.output
+
+
 
 
 def test_audit_steps_prints_the_learning_curve(tmp_path):

@@ -16,7 +16,7 @@ from stalewise.store.snapshot import SNAPSHOT_PATH, schema_ddl
 
 TABLES = {"runs", "policy_versions", "task_instances", "groups", "trajectories", "model_calls",
           "tool_calls", "sandboxes", "admission_decisions", "learner_stream", "learner_steps",
-          "bias_ledger"}
+          "bias_ledger", "trainer_logprobs"}
 
 
 def _tables(url: str) -> set[str]:
@@ -106,9 +106,8 @@ def test_app_refuses_stale_schema(sqlite_url):
     open_store_engine(sqlite_url, create=True).dispose()
 
 
-def test_app_does_not_migrate_an_old_schema_implicitly(sqlite_url, monkeypatch):
+def test_app_does_not_migrate_an_old_schema_implicitly(sqlite_url):
     """A database at an older revision is refused even by the creating path, with the fix."""
-    upgrade(sqlite_url)
-    monkeypatch.setattr("stalewise.store.db.head_revision", lambda: "9999_future")
+    upgrade(sqlite_url, "0001")
     with pytest.raises(StaleSchemaError, match="is at revision 0001.*stalewise db upgrade"):
         open_store_engine(sqlite_url, create=True)

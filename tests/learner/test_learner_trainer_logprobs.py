@@ -1,0 +1,132 @@
+"""The learner stores its own log-prob of every trained token, per model call.
+
+Contract (learner/trainer_logprobs.py):
+- after an RL step on store-sourced samples, every trained trajectory's model calls have one
+  `trainer_logprobs` row: as many values as the call's sampled tokens, equal to the policy's
+  log-probs under the weights the step trained from (computed here independently, one sample
+  at a time), NaN where the call's loss mask is 0;
+- multi-call and multi-segment trajectories split back to the right calls;
+- `trainer_logprobs_every = 2` records steps 1, 3, ... only;
+- values that do not fit the stored calls raise instead of being stored against wrong tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from learner.config import LearnerConfig
+from learner.model import policy_outputs
+from learner.store_source import StoreSource
+from learner.trainer import Learner
+from learner.trainer_logprobs import TrainerLogprobRecorder
+from stalewise.records import FLOAT32, SampledTokens, unpack
+from stalewise.store.store import Store, model_call_row
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from engine.tiny import init_tiny
+
+    return init_tiny(tmp_path_factory.mktemp("model") / "tiny")
+
+
+def _call(trajectory: int, turn: int, segment: int, prompt: list[int], sampled: list[int],
+          mask: list[int] | None = None) -> dict:
+    n = len(sampled)
+    tokens = SampledTokens(sampled, np.full(n, -1.0), np.zeros(n), np.zeros(n), np.zeros(n))
+    return model_call_row(trajectory_id=trajectory, turn=turn, segment=segment, context_len=0,
+                          prompt_token_ids=prompt, tokens=tokens, sampling={}, engine_id="e",
+                          finish_reason="stop", cached_prompt_tokens=0, started_at=0.0,
+                          finished_at=1.0, loss_mask=None if mask is None else np.array(mask))
+
+
+def _stored_run(url: str, rounds: int = 1) -> Store:
+    """Groups of two trajectories (rewards 0 and 1), one with two turns and a masked token,
+    one with two segments; `rounds` batches of them, admitted in order."""
+    store = Store.open(url, create=True)
+    store.create_run("r", name="r", config={}, pipeline_mode="async")
+    rng = np.random.default_rng(0)
+    ids = lambda n: rng.integers(10, 60, n).tolist()  # noqa: E731
+    for _ in range(rounds):
+        for group_index in range(2):
+            task = store.task_instance_id("r", family="f", key=f"k{rng.integers(1e9)}",
+                                          content_hash="h")
+            group = store.create_group("r", task, size=2, dispatch_version=0)
+            for reward in (0.0, 1.0):
+                t = store.create_trajectory("r", group_id=group, task_instance_id=task)
+                if reward == 0.0:
+                    calls = [_call(t, 0, 0, ids(5), ids(4)),
+                             _call(t, 1, 0, ids(3), ids(6), mask=[1, 1, 0, 1, 1, 1])]
+                else:
+                    calls = [_call(t, 0, 0, ids(4), ids(5)), _call(t, 1, 1, ids(7), ids(3))]
+                store.insert_model_calls(calls)
+                store.admit("r", t, reason="fresh", learner_version=0, reward=reward,
+                            group_id=group, lag=0)
+    return store
+
+
+def _stored(store: Store) -> dict[int, tuple[int, int, np.ndarray]]:
+    from sqlalchemy import select
+
+    from stalewise.store import schema as s
+
+    table = s.TrainerLogprobs.__table__
+    with store.engine.connect() as c:
+        return {r.model_call_id: (r.learner_step, r.policy_version, unpack(r.logprobs, FLOAT32))
+                for r in c.execute(select(table))}
+
+
+def test_every_trained_token_gets_the_learners_logprob(model_dir, tmp_path):
+    store = _stored_run(f"sqlite:///{tmp_path / 's.db'}")
+    learner = Learner(model_dir, LearnerConfig(batch_size=6, micro_batch_size=3))
+    recorder = TrainerLogprobRecorder(store, "r")
+    learner.sinks.append(recorder)
+    learner.logprob_observers.append(recorder.observe)
+    samples = StoreSource(store, "r", learner.pad_id).read(0, 100)
+    expected: dict[int, list[np.ndarray]] = {}
+    with torch.no_grad():  # the weights the step trains from, one sample at a time
+        learner.policy.eval()
+        for sample in samples:
+            ids = torch.tensor(sample.token_ids)[None]
+            lp = policy_outputs(learner.policy, ids, torch.ones_like(ids)).logprobs_B_T[0]
+            positions = np.flatnonzero(sample.loss_mask)
+            expected.setdefault(sample.trajectory_id, []).append(lp.numpy()[positions - 1])
+        learner.policy.train()
+    learner.rl_step(samples)
+    rows = _stored(store)
+    layout = store.model_call_layout(list(expected))
+    assert len(rows) == sum(len(calls) for calls in layout.values()) == 8
+    for trajectory, calls in layout.items():
+        values, start = np.concatenate(expected[trajectory]), 0
+        for call_id, n, mask in calls:
+            step, version, got = rows[call_id]
+            assert (step, version, len(got)) == (1, 0, n)
+            want = np.where(mask.astype(bool), values[start:start + n], np.nan)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+            start += n
+    assert any(np.isnan(v).any() for _, _, v in rows.values())  # the masked token
+    store.close()
+
+
+def test_every_n_records_one_step_in_n(model_dir, tmp_path):
+    store = _stored_run(f"sqlite:///{tmp_path / 's.db'}", rounds=3)
+    learner = Learner(model_dir, LearnerConfig(batch_size=4, micro_batch_size=4))
+    recorder = TrainerLogprobRecorder(store, "r", every=2)
+    learner.sinks.append(recorder)
+    learner.logprob_observers.append(recorder.observe)
+    source = StoreSource(store, "r", learner.pad_id)
+    for _ in range(3):
+        learner.rl_step(source.read(learner.last_sequence, 4))
+    assert sorted({step for step, _, _ in _stored(store).values()}) == [1, 3]
+    store.close()
+
+
+def test_values_that_do_not_fit_the_stored_calls_raise(tmp_path):
+    store = _stored_run(f"sqlite:///{tmp_path / 's.db'}")
+    recorder = TrainerLogprobRecorder(store, "r")
+    trajectory, calls = next(iter(store.model_call_layout([1]).items()))
+    with pytest.raises(ValueError, match="stored sampled tokens but the learner trained"):
+        recorder._split(trajectory, np.zeros(3, np.float32), calls, step=1)
+    store.close()

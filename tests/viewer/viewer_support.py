@@ -1,0 +1,61 @@
+"""Helpers of the viewer tests: `stalewise view` as a real child process, Chromium's flags and
+screenshots (under var/test-artifacts/, for a person to look at)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "var" / "test-artifacts"
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--window-size=1400,1000")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Viewer:
+    """A running `stalewise view` child; `url(path)` is a page's address."""
+
+    def __init__(self, db_url: str) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stalewise", "view", "--url", db_url, "--port", str(self.port)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                if httpx.get(self.url("/static/viewer.css"), timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        output = self.stop()
+        raise AssertionError(f"stalewise view did not start: {output}")
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.stdout.read() if self.proc.stdout else ""
+
+
+def screenshot(browser, name: str) -> Path:
+    path = ARTIFACTS / f"{name}.png"
+    browser.save_screenshot(str(path))
+    return path

@@ -47,7 +47,7 @@ async def test_warm_pool_hands_out_fresh_started_containers(docker_client: Any) 
             listing = await second.exec("ls")
             assert listing.stdout == "seed.txt\n"
             assert second.trajectory_id == "traj-2"
-            with anyio.fail_after(5):  # the container is renamed in the background
+            with anyio.fail_after(30):  # the container is renamed in the background
                 while "traj-2" not in docker_client.api.inspect_container(
                         second.container_id)["Name"]:
                     await anyio.sleep(0.05)

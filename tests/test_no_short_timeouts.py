@@ -9,6 +9,7 @@ The scan parses every test module and flags:
   `loop.time()`) or names a duration or a moment (a name ending in `_s` or `_at`, or
   containing `elapsed`);
 - `anyio.fail_after(N)` / `move_on_after(N)` with N below 5.
+Hypothesis's per-example deadline is off for every test (the profile in tests/conftest.py).
 Virtual time (trio's `MockClock`) is exact, so its tests compare with `==` instead. Bounds
 written with a variable (`< expected * 4`) and fixed sleeps are not caught: review those.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 TESTS = Path(__file__).resolve().parent
 MIN_BOUND_S = 5.0
@@ -133,3 +135,8 @@ def test_no_test_has_a_wall_clock_upper_bound_below_5_s() -> None:
     assert not offenders, ("wall-clock upper bounds below 5 s flake on a loaded machine; wait "
                            "for an event or poll with a generous deadline, and put speed "
                            "claims in bench/:\n" + "\n".join(offenders))
+
+
+def test_hypothesis_has_no_per_example_deadline() -> None:
+    assert settings.default.deadline is None  # tests/conftest.py loads the profile
+    assert HealthCheck.too_slow in settings.default.suppress_health_check

@@ -106,4 +106,5 @@ async def test_concurrent_trajectories_through_a_warm_pool():
         async with anyio.create_task_group() as group:
             for number, demo in enumerate(demos):
                 group.start_soon(one, number, demo)
-    assert [results[n].reward for n in range(4)] == [1.0] * 4
+    assert [results[n].reward for n in range(4)] == [1.0] * 4, [
+        (r.stop_reason, r.error_type, r.error) for r in results.values()]

@@ -3,6 +3,7 @@
 Prints: warm-pool acquire latency p50/p95; exec round trip p50/p95 for `true` and for a short
 python command through the stalewise agent, side by side with the docker SDK's own exec path
 (`exec_run`, create + start + inspect) on the same container; cold start time of one sandbox;
+how long past a 1 s exec timeout the call returns (the process group killed);
 and the wall time of N concurrent sandboxes each doing M execs, with the error count.
 
 Targets on the 2-core reference machine: acquire p50 <= 10 ms, exec p50 <= 60 ms, zero errors.
@@ -95,6 +96,18 @@ async def bench_exec(client: Any, run_id: str, samples: int) -> dict[str, Any]:
     return rows
 
 
+async def bench_timeout_overshoot(client: Any, run_id: str, samples: int) -> dict[str, float]:
+    """Seconds from the exec timeout to the call's return, with `sleep 1000` to kill."""
+    overshoot = []
+    async with DockerSandbox(client=client, run_id=run_id) as sandbox:
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            result = await sandbox.exec("sleep 1000 & sleep 1000", timeout=1)
+            overshoot.append(time.perf_counter() - t0 - 1)
+            assert result.timed_out, result
+    return summary("exec return after a 1 s timeout, overshoot", overshoot)
+
+
 async def bench_concurrent(client: Any, run_id: str, n: int, execs: int) -> dict[str, Any]:
     errors: list[str] = []
     exec_times: list[float] = []
@@ -132,6 +145,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     try:
         results = {"acquire": await bench_acquire(client, run_id, args.samples)}
         results.update(await bench_exec(client, run_id, args.samples))
+        results["timeout_overshoot"] = await bench_timeout_overshoot(client, run_id, 5)
         results["concurrent"] = await bench_concurrent(client, run_id, args.sandboxes,
                                                        args.execs)
     finally:

@@ -1,4 +1,8 @@
-"""Shared fixtures: fresh SQLite and PostgreSQL databases for store tests."""
+"""Shared fixtures: fresh SQLite and PostgreSQL databases for store tests.
+
+Hypothesis runs without its per-example deadline (200 ms by default) or its too-slow health
+check: both are wall-clock bounds that a loaded machine breaks.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,11 @@ import uuid
 from typing import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("stalewise", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("stalewise")
 
 PG_ADMIN_URL = os.environ.get(
     "STALEWISE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:54329/stalewise_test")

@@ -243,17 +243,30 @@ def test_session_store_evicts_least_recently_used(model_v0):
 def test_pause_keep_freezes_and_resume_continues(engine):
     engine.pause("keep").result(timeout=10)
     future = engine.submit(PROMPTS[0], SamplingSpec(max_tokens=5, ignore_eos=True))
-    time.sleep(0.3)
+    deadline = time.monotonic() + 60
+    while engine.snapshot()["engine/waiting"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)  # until the engine holds the request
+    assert engine.snapshot()["engine/waiting"] == 1
+    time.sleep(0.3)  # room to misbehave: no state to wait for when nothing should happen
     assert not future.done() and engine.snapshot()["tokens/generated_total"] == 0
     engine.resume().result(timeout=10)
     assert len(future.result(timeout=60).token_ids) == 5
 
 
 def test_pause_wait_lets_running_requests_finish(engine):
-    future = engine.submit(PROMPTS[0], SamplingSpec(max_tokens=60, ignore_eos=True))
-    while engine.snapshot()["engine/running"] == 0:
-        time.sleep(0.005)
-    engine.pause("wait").result(timeout=60)
+    first_token, pause_sent = threading.Event(), threading.Event()
+
+    def hold_after_the_first_token(event) -> None:  # runs on the engine thread
+        if event.index == 0:
+            first_token.set()
+            pause_sent.wait(60)  # so the pause always meets the request running
+
+    future = engine.submit(PROMPTS[0], SamplingSpec(max_tokens=60, ignore_eos=True),
+                           listener=hold_after_the_first_token)
+    assert first_token.wait(60)
+    pausing = engine.pause("wait")
+    pause_sent.set()
+    pausing.result(timeout=60)
     assert future.done() and len(future.result().token_ids) == 60
     assert engine.paused
     engine.resume().result(timeout=10)

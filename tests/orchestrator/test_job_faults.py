@@ -186,7 +186,7 @@ def test_short_job_finishes_and_cleans_up(tmp_path, model_dir, database, request
     report = json.loads((tmp_path / "runs" / run.id / "report.json").read_text())
     assert [row["step"] for row in report["learning_curve"]] == [1, 2]
     assert "## learning curve" in (tmp_path / "runs" / run.id / "report.md").read_text()
-    wait_for(lambda: not containers_of(run.id), 15, "the run's containers to be removed")
+    wait_for(lambda: not containers_of(run.id), 60, "the run's containers to be removed")
     store.close()
 
 
@@ -237,7 +237,7 @@ def test_sigkill_orchestrator_then_resume(tmp_path, model_dir):
         aborted = c.execute(select(s.Trajectory.error).where(
             s.Trajectory.run_id == run_id, s.Trajectory.status == "aborted")).scalars().all()
     assert aborted and any("orchestrator stopped" in (e or "") for e in aborted)
-    wait_for(lambda: not containers_of(run_id), 15, "the run's containers to be removed")
+    wait_for(lambda: not containers_of(run_id), 60, "the run's containers to be removed")
     store.close()
 
 
@@ -276,7 +276,7 @@ def test_engine_killed_fails_clearly(tmp_path, model_dir):
     assert run.status == "failed"
     assert "the engine process exited" in run.error
     wait_for(lambda: not any(alive(k) for k in kids), 30, "children to exit")
-    wait_for(lambda: not containers_of(run.id), 15, "the run's containers to be removed")
+    wait_for(lambda: not containers_of(run.id), 60, "the run's containers to be removed")
     with store.engine.connect() as c:
         open_ = c.execute(select(s.Trajectory.id).where(
             s.Trajectory.run_id == run.id, s.Trajectory.status.in_(("queued", "running")))).all()
@@ -298,7 +298,7 @@ def test_sigterm_during_the_warm_start_aborts_and_stops_the_sft_child(tmp_path, 
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 143, output
-    wait_for(lambda: not any(alive(p) for p in sft), 15, "the SFT child to stop")
+    wait_for(lambda: not any(alive(p) for p in sft), 60, "the SFT child to stop")
     store = open_store(tmp_path)
     assert store.runs()[0].status == "aborted"
     store.close()

@@ -147,15 +147,25 @@ def test_zero_variance_groups_are_dropped_with_a_reason(sqlite_url):
 
 
 class FlakyEngine:
-    """The scripted coin engine behind a switch: while down, every call fails."""
+    """The scripted coin engine behind a switch: while down, every call fails.
 
-    def __init__(self, engine) -> None:
+    It goes down by itself on call number `down_at_call`, so the outage always meets
+    trajectories in flight, however slowly the machine runs; `went_down` is set then.
+    """
+
+    def __init__(self, engine, down_at_call: int) -> None:
         self.engine, self.down = engine, False
         self.version = 0
+        self.calls, self.down_at_call = 0, down_at_call
+        self.went_down = anyio.Event()
 
     async def generate(self, request):
         from stalewise.engine_api import EngineError
 
+        self.calls += 1
+        if self.calls == self.down_at_call:
+            self.down = True
+            self.went_down.set()
         if self.down:
             raise EngineError("connection refused (test)")
         self.engine.version = self.version
@@ -177,21 +187,20 @@ def run_with_outage(url: str, *, outage_s: float, limit_s: float):
                         "pipeline": {"mode": "async", "steps": 3}})
     store = Store.open(url, create=True)
     store.create_run("r", name="t", config={}, pipeline_mode="async")
-    flaky = FlakyEngine(coin_engine(LatencyModel(fixed_s=0.1)))
     learner = FakeLearner(store, "r", batch_size=4, max_steps=3)
 
-    async def outage():
-        await anyio.sleep(0.15)
-        flaky.down = True
-        await anyio.sleep(outage_s)
+    async def outage(flaky: FlakyEngine):
+        await flaky.went_down.wait()
+        await anyio.sleep(outage_s)  # the outage's length, not a wait for some state
         flaky.down = False
 
     async def main():
+        flaky = FlakyEngine(coin_engine(LatencyModel(fixed_s=0.1)), down_at_call=3)
         writer = StoreWriter(store)
         async with anyio.create_task_group() as tg:
             await tg.start(writer.run)
             await tg.start(learner.run)
-            tg.start_soon(outage)
+            tg.start_soon(outage, flaky)
             pipeline = Pipeline(run_id="r", cfg=cfg, store=store, writer=writer, engine=flaky,
                                 weights=VersionedEngine(flaky), family=coin_family(),
                                 chat_format=CHAT, acquire=fake_sandbox, poll_s=0.01,
@@ -230,7 +239,7 @@ class _MovingEngine:
     """Holds only `resident`; a pinned request to another version is refused (409)."""
 
     def __init__(self, resident: int) -> None:
-        self.resident, self.served = resident, []
+        self.resident, self.served, self.refused = resident, [], []
 
     def pinned(self, version: int):
         engine = self
@@ -238,6 +247,7 @@ class _MovingEngine:
         class View:
             async def generate(self, request):
                 if version != engine.resident:
+                    engine.refused.append(version)
                     raise VersionNotResidentError(f"version {version} is not resident")
                 engine.served.append(version)
                 return version
@@ -253,7 +263,9 @@ def test_a_first_request_that_lost_its_version_to_an_update_waits_for_the_newer_
         trajectory = PinOnFirstCall(engine, lambda: known["version"], poll_s=0.001)
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: trajectory.generate("first call"))
-            await anyio.sleep(0.02)
+            with anyio.fail_after(30):  # until the first call was refused and waits
+                while not engine.refused:
+                    await anyio.sleep(0.001)
             known["version"] = 1  # the update call returns
         assert await trajectory.generate("second call") == 1
         engine.resident = 2  # a later turn cannot move: the error reaches the agent loop
@@ -261,7 +273,7 @@ def test_a_first_request_that_lost_its_version_to_an_update_waits_for_the_newer_
             await trajectory.generate("third call")
 
     anyio.run(main)
-    assert engine.served == [1, 1]
+    assert engine.served == [1, 1] and engine.refused[0] == 0
 
 
 def test_a_version_that_never_comes_is_an_engine_error_not_a_hang():

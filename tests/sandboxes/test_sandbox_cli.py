@@ -41,7 +41,7 @@ def test_run_timeout_exits_124(docker_client: Any) -> None:
     start = time.monotonic()
     done = _cli("run", "--timeout", "1", "--", "sleep", "100")
     assert done.returncode == 124 and "timed_out" in done.stderr
-    assert time.monotonic() - start < 20
+    assert time.monotonic() - start < 60, "the 1 s timeout, not the 100 s sleep"
 
 
 def test_run_local_backend_warns_loudly() -> None:
@@ -69,7 +69,7 @@ def test_build_base_is_cached(docker_client: Any) -> None:
     start = time.monotonic()
     done = _cli("build-base")
     assert done.returncode == 0 and "already present" in done.stdout
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 120, "no rebuild"
 
 
 @pytest.mark.docker

@@ -93,8 +93,9 @@ async def test_fork_bomb_is_contained_and_host_stays_responsive(docker_client: A
         result = result_box[0]
         assert result.timed_out
         assert 32 <= peak <= 64, f"pids in the container peaked at {peak}"
-        assert worst_lag < 1.0, f"host event loop stalled {worst_lag:.2f} s"
-        assert host_spawn_s < 1.0
+        # catastrophic-stall bounds only: a loaded 2-core host lags on its own
+        assert worst_lag < 5.0, f"host event loop stalled {worst_lag:.2f} s"
+        assert host_spawn_s < 5.0, f"spawning `true` on the host took {host_spawn_s:.2f} s"
         after = await sandbox.exec("echo recovered")
         assert after.stdout == "recovered\n"
         assert int(pids_current.read_text()) < 10
@@ -156,7 +157,8 @@ async def test_sleep_timeout_returns_fast_and_leaves_no_process(shared: DockerSa
     start = time.monotonic()
     result = await shared.exec("sleep 1000", timeout=2)
     elapsed = time.monotonic() - start
-    assert result.timed_out and result.error_type == "timeout" and elapsed < 3.0
+    assert result.timed_out and result.error_type == "timeout"
+    assert elapsed < 30, "the 2 s timeout, not the 1000 s sleep"
     ps = await shared.exec(["ps", "-eo", "args"])
     commands = [line.split()[0] for line in ps.stdout.splitlines()[1:]]
     assert not any("sleep" in c for c in commands), ps.stdout
@@ -201,12 +203,15 @@ async def test_container_killed_mid_exec_is_a_clear_error(docker_client: Any) ->
     async with DockerSandbox(client=docker_client, run_id="test-killed") as sandbox:
         async with anyio.create_task_group() as tg:
             box: list[Any] = []
-            tg.start_soon(lambda: _collect(lambda: sandbox.exec("sleep 30", timeout=60), box))
-            await anyio.sleep(0.5)
+            tg.start_soon(lambda: _collect(
+                lambda: sandbox.exec("touch running; sleep 30", timeout=60), box))
+            with anyio.fail_after(60):  # kill it mid-exec, once the command runs
+                while (await sandbox.exec("test -e running")).exit_code != 0:
+                    await anyio.sleep(0.05)
             start = time.monotonic()
             await anyio.to_thread.run_sync(docker_client.api.kill, sandbox.container_id)
         result = box[0]
-        assert time.monotonic() - start < 5
+        assert time.monotonic() - start < 20, "the kill, not the end of the 30 s sleep"
         assert result.error_type == "container_died" and result.exit_code is None
         assert "stopped" in result.error_message
         with pytest.raises(SandboxError, match="gone"):
@@ -218,7 +223,8 @@ async def test_hard_ttl_kills_the_container(docker_client: Any) -> None:
     async with DockerSandbox(spec, client=docker_client, run_id="test-ttl") as sandbox:
         start = time.monotonic()
         result = await sandbox.exec("sleep 30", timeout=60)
-        assert result.error_type == "container_died" and time.monotonic() - start < 6
+        assert result.error_type == "container_died"
+        assert time.monotonic() - start < 20, "the 2 s TTL, not the end of the 30 s sleep"
 
 
 async def test_missing_image_is_a_clear_error(docker_client: Any) -> None:

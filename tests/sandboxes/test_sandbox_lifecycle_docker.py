@@ -38,7 +38,7 @@ def _of_run(client: Any, run_id: str) -> list[dict]:
     return client.api.containers(all=True, filters={"label": f"{lab.RUN_ID}={run_id}"})
 
 
-def _wait_gone(client: Any, run_id: str, timeout_s: float = 15) -> list[dict]:
+def _wait_gone(client: Any, run_id: str, timeout_s: float = 60) -> list[dict]:
     deadline = time.monotonic() + timeout_s
     while (left := _of_run(client, run_id)) and time.monotonic() < deadline:
         time.sleep(0.2)

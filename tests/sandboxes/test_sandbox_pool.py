@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -35,19 +34,20 @@ async def test_warm_pool_hands_out_fresh_started_containers(docker_client: Any) 
                        size=2, max_live=4)
     async with pool:
         await pool.wait_warm()
-        t0 = time.perf_counter()
+        started_ahead = {c["Id"] for c in _run_containers(docker_client, run_id)}
         async with pool.acquire(trajectory_id="traj-1") as first:
-            acquire_s = time.perf_counter() - t0
             assert isinstance(first, DockerSandbox)
             await first.write_file("mine.txt", "trajectory 1")
             first_id = first.container_id
-        assert acquire_s < 0.05 and pool.stats["cold_starts"] == 0
+        # handed out from the warm set, not started on the acquire path (latency: bench/sandbox.py)
+        assert first_id in started_ahead
+        assert pool.stats["cold_starts"] == 0 and pool.stats["waited"] == 0
         async with pool.acquire(trajectory_id="traj-2") as second:
             assert isinstance(second, DockerSandbox) and second.container_id != first_id
             listing = await second.exec("ls")
             assert listing.stdout == "seed.txt\n"
             assert second.trajectory_id == "traj-2"
-            with anyio.fail_after(5):  # the container is renamed in the background
+            with anyio.fail_after(30):  # the container is renamed in the background
                 while "traj-2" not in docker_client.api.inspect_container(
                         second.container_id)["Name"]:
                     await anyio.sleep(0.05)

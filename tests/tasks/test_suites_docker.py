@@ -69,7 +69,7 @@ async def test_demonstrations_earn_full_reward_and_wrong_ones_less(name):
 async def test_builtin_tools_in_a_real_container():
     async with DockerSandbox(run_id="pytest-tasks") as sandbox:
         task = load_family("arith").instance(0)
-        ctx = ToolContext(sandbox=sandbox, task=task, timeout_s=5.0)
+        ctx = ToolContext(sandbox=sandbox, task=task, timeout_s=30.0)
         assert (await python.invoke(ctx, {"code": "print(6*7)"})).text == "42"
         failed = await python.invoke(ctx, {"code": "raise SystemExit('no')"})
         assert failed.exit_code == 1 and failed.text == "[exit code 1]\nno"
@@ -84,7 +84,7 @@ async def test_builtin_tools_in_a_real_container():
 
 async def test_write_file_outside_the_work_dir_is_a_tool_error_not_an_infra_error():
     async with DockerSandbox(run_id="pytest-tasks") as sandbox:
-        ctx = ToolContext(sandbox=sandbox, task=load_family("arith").instance(0), timeout_s=5.0)
+        ctx = ToolContext(sandbox=sandbox, task=load_family("arith").instance(0), timeout_s=30.0)
         with pytest.raises(ToolError, match="exit code"):
             await write_file.invoke(ctx, {"path": "/etc/hostname", "content": "x"})
 
@@ -109,4 +109,5 @@ async def test_concurrent_trajectories_through_a_warm_pool():
         async with anyio.create_task_group() as group:
             for number, demo in enumerate(demos):
                 group.start_soon(one, number, demo)
-    assert [results[n].reward for n in range(4)] == [1.0] * 4
+    assert [results[n].reward for n in range(4)] == [1.0] * 4, [
+        (r.stop_reason, r.error_type, r.error) for r in results.values()]

@@ -242,7 +242,7 @@ def test_arguments_are_validated_against_the_schema():
 @pytest.mark.anyio
 async def test_invoke_passes_context_and_normalises_results():
     sandbox = FakeSandbox(handler=lambda argv, stdin: (stdin or b"").decode().upper())
-    ctx = ToolContext(sandbox=sandbox, task=arith.family().instance(0), timeout_s=5.0)
+    ctx = ToolContext(sandbox=sandbox, task=arith.family().instance(0), timeout_s=30.0)
     result = await python.invoke(ctx, {"code": "print(1)"})
     assert result.text == "PRINT(1)"
     assert sandbox.execs == [["python3", "-"]]

@@ -11,8 +11,12 @@ head_dim). Row r holds one sequence; position p of that sequence lives at index 
 - `prefill(row, ids, start)` computes positions start..start+n-1 of one row and returns the
   float32 logits of the last one; `decode(ids_B, positions_B)` computes one new position for
   rows 0..B-1 at once. Both read exactly the positions below the ones they write.
-- Logits agree with a plain `model(input_ids)` forward over the whole sequence to float32
-  rounding (about 1e-6), which is what the learner recomputes.
+- Logits agree with a plain `model(input_ids)` forward over the whole sequence, which is what
+  the learner recomputes: a prefill from position 0 runs exactly HF's products (SDPA causal
+  attention, unfused residual adds, a head of at least HEAD_ROWS rows), so its logits are
+  HF's to the bit on one thread; decode steps and chunked prefills use other kernel shapes
+  and agree to float32 rounding (3e-7 on the tiny model, <= 5e-5 on SmolLM2-135M, whose
+  logits reach 35; docs/engine.md).
 - `refresh_weights()` must be called after the model's parameters change in place: the fused
   projection matrices used here are copies.
 """
@@ -27,6 +31,12 @@ from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 
 from engine.checkpoint import CheckpointError
+
+
+# Matrix products of fewer rows than this take another kernel path in the CPU BLAS (MKL) and
+# round differently from the same rows inside a full-sequence forward; a prefill's head gets
+# at least this many rows, so its logits are those of HF's forward.
+HEAD_ROWS = 4
 
 
 @dataclass
@@ -182,9 +192,8 @@ class RowForward:
     @staticmethod
     def _residual(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                   bias: torch.Tensor | None) -> torch.Tensor:
-        """h + linear(x): one fused op when there is no bias."""
-        if bias is None:
-            return torch.addmm(h, x, weight.t())
+        """h + linear(x), rounded as HF rounds it: the product first, then the sum (addmm would
+        accumulate into h inside the GEMM and round differently)."""
         return h + F.linear(x, weight, bias)
 
     def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
@@ -204,24 +213,21 @@ class RowForward:
         self.ensure_capacity(end)
         h = self.embed[torch.tensor(input_ids, dtype=torch.long)]
         cos, sin = self.cos_P_D[start:end], self.sin_P_D[start:end]
-        # query i (absolute position start+i) sees keys 0..start+i
-        allowed = torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)
-        bias_N_L = torch.zeros(n, end).masked_fill_(~allowed, float("-inf"))
+        # query i (absolute position start+i) sees keys 0..start+i; a prefill from position 0
+        # is plain causal attention, the same SDPA call as the HF forward makes
+        mask_N_L = None if start == 0 else \
+            torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)
         for layer, k_cache, v_cache in zip(self.layers, self.keys, self.values):
             q, k, v = self._project(layer, self._rms(h, layer.input_norm), cos, sin)
             k_cache[row, :, start:end] = k.transpose(0, 1)
             v_cache[row, :, start:end] = v.transpose(0, 1)
-            keys_K_L_D = k_cache[row, :, :end]
-            values_K_L_D = v_cache[row, :, :end]
-            q_K_GN_D = q.view(n, self.n_kv_heads, self.groups, self.head_dim) \
-                .permute(1, 2, 0, 3).reshape(self.n_kv_heads, self.groups * n, self.head_dim)
-            scores = torch.matmul(q_K_GN_D, keys_K_L_D.transpose(1, 2)) * self.scale
-            scores = scores.view(self.n_kv_heads, self.groups, n, end) + bias_N_L
-            probs = torch.softmax(scores, dim=-1).view(self.n_kv_heads, self.groups * n, end)
-            out = torch.matmul(probs, values_K_L_D).view(self.n_kv_heads, self.groups, n, self.head_dim)
-            out = out.permute(2, 0, 1, 3).reshape(n, self.n_heads * self.head_dim)
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1).unsqueeze(0), k_cache[row:row + 1, :, :end],
+                v_cache[row:row + 1, :, :end], attn_mask=mask_N_L, is_causal=mask_N_L is None,
+                scale=self.scale, enable_gqa=True)
+            out = out[0].transpose(0, 1).reshape(n, self.n_heads * self.head_dim)
             h = self._mlp(layer, self._residual(h, out, layer.o_weight, layer.o_bias))
-        return self._logits(h[-1:])[0]
+        return self._logits(h[-HEAD_ROWS:])[-1]
 
     @torch.no_grad()
     def decode(self, input_ids_B: torch.Tensor, positions_B: torch.Tensor) -> torch.Tensor:

@@ -26,9 +26,11 @@ fi
 
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   echo "setup: installing stalewise and its dependencies" >&2
-  "$VENV/bin/python" -m pip install -q -e ".[test]" --config-settings editable_mode=compat
+  "$VENV/bin/python" -m pip install -q -e ".[test,gguf]" --config-settings editable_mode=compat
   touch "$STAMP"
 fi
+
+bash scripts/fetch_models.sh "$VENV/bin/python"
 
 if [ "${STALEWISE_SKIP_DOCKER:-0}" != "1" ]; then
   bash scripts/sandbox_setup.sh "$VENV/bin/stalewise"

@@ -1,8 +1,9 @@
-"""Shared fixtures: fresh SQLite and PostgreSQL databases for store tests."""
+"""Shared fixtures: fresh SQLite and PostgreSQL databases for store tests; the real checkpoint."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import uuid
 from typing import Iterator
 
@@ -39,3 +40,14 @@ def pg_url() -> Iterator[str]:
         with admin.connect() as c:
             c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         admin.dispose()
+
+
+SMOLLM2_DIR = Path(__file__).resolve().parents[1] / "var" / "models" / "smollm2-135m"
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a float32 checkpoint, built by the test set-up (never committed)."""
+    if not (SMOLLM2_DIR / "model.safetensors").is_file():
+        pytest.fail(f"{SMOLLM2_DIR} is missing; build it with: bash scripts/fetch_models.sh")
+    return SMOLLM2_DIR

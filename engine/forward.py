@@ -9,7 +9,7 @@ The cache is a set of rows: per layer, keys and values of shape (rows, kv_heads,
 head_dim). Row r holds one sequence; position p of that sequence lives at index p. Guarantees:
 
 - `prefill(row, ids, start)` computes positions start..start+n-1 of one row and returns the
-  float32 logits of the last one; `decode(ids_B, positions_B)` computes one new position for
+  float32 logits of the last one (`prefill_many` does several rows in one forward); `decode(ids_B, positions_B)` computes one new position for
   rows 0..B-1 at once. Both read exactly the positions below the ones they write.
 - Logits agree with a plain `model(input_ids)` forward over the whole sequence, which is what
   the learner recomputes: a prefill from position 0 runs exactly HF's products (SDPA causal
@@ -208,26 +208,44 @@ class RowForward:
     @torch.no_grad()
     def prefill(self, row: int, input_ids: list[int], start: int) -> torch.Tensor:
         """Compute positions start..start+n-1 of `row`; logits (vocab,) of the last position."""
-        n = len(input_ids)
-        end = start + n
-        self.ensure_capacity(end)
-        h = self.embed[torch.tensor(input_ids, dtype=torch.long)]
-        cos, sin = self.cos_P_D[start:end], self.sin_P_D[start:end]
+        return self.prefill_many([(row, input_ids, start)])[0]
+
+    @torch.no_grad()
+    def prefill_many(self, chunks: list[tuple[int, list[int], int]]) -> torch.Tensor:
+        """Prefill several rows in one forward: each chunk is (row, ids, start). Returns the
+        logits (chunks, vocab) of each chunk's last position. The matrix products run over all
+        chunks' tokens at once (the weights are read once, not once per sequence); attention
+        runs per chunk, with the same SDPA call as the HF forward of that sequence."""
+        lengths = [len(ids) for _, ids, _ in chunks]
+        ends = [start + n for (_, _, start), n in zip(chunks, lengths)]
+        self.ensure_capacity(max(ends))
+        h = self.embed[torch.tensor([t for _, ids, _ in chunks for t in ids], dtype=torch.long)]
+        positions = torch.cat([torch.arange(start, end) for (_, _, start), end in zip(chunks, ends)])
+        cos, sin = self.cos_P_D[positions], self.sin_P_D[positions]
+        offsets = [sum(lengths[:i]) for i in range(len(chunks))]
         # query i (absolute position start+i) sees keys 0..start+i; a prefill from position 0
         # is plain causal attention, the same SDPA call as the HF forward makes
-        mask_N_L = None if start == 0 else \
-            torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)
+        masks = [None if start == 0 else
+                 torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)
+                 for (_, _, start), end in zip(chunks, ends)]
         for layer, k_cache, v_cache in zip(self.layers, self.keys, self.values):
             q, k, v = self._project(layer, self._rms(h, layer.input_norm), cos, sin)
-            k_cache[row, :, start:end] = k.transpose(0, 1)
-            v_cache[row, :, start:end] = v.transpose(0, 1)
-            out = F.scaled_dot_product_attention(
-                q.transpose(0, 1).unsqueeze(0), k_cache[row:row + 1, :, :end],
-                v_cache[row:row + 1, :, :end], attn_mask=mask_N_L, is_causal=mask_N_L is None,
-                scale=self.scale, enable_gqa=True)
-            out = out[0].transpose(0, 1).reshape(n, self.n_heads * self.head_dim)
+            outs = []
+            for (row, _, start), n, end, off, mask in zip(chunks, lengths, ends, offsets, masks):
+                k_cache[row, :, start:end] = k[off:off + n].transpose(0, 1)
+                v_cache[row, :, start:end] = v[off:off + n].transpose(0, 1)
+                out = F.scaled_dot_product_attention(
+                    q[off:off + n].transpose(0, 1).unsqueeze(0), k_cache[row:row + 1, :, :end],
+                    v_cache[row:row + 1, :, :end], attn_mask=mask, is_causal=mask is None,
+                    scale=self.scale, enable_gqa=True)
+                outs.append(out[0].transpose(0, 1).reshape(n, self.n_heads * self.head_dim))
+            out = outs[0] if len(outs) == 1 else torch.cat(outs)
             h = self._mlp(layer, self._residual(h, out, layer.o_weight, layer.o_bias))
-        return self._logits(h[-HEAD_ROWS:])[-1]
+        # each chunk's last HEAD_ROWS positions go through the head; its last one is kept
+        tails = [torch.arange(off + max(n - HEAD_ROWS, 0), off + n) for n, off in zip(lengths, offsets)]
+        logits = self._logits(h[torch.cat(tails)])
+        lasts = torch.tensor([len(t) for t in tails]).cumsum(0) - 1
+        return logits[lasts]
 
     @torch.no_grad()
     def decode(self, input_ids_B: torch.Tensor, positions_B: torch.Tensor) -> torch.Tensor:

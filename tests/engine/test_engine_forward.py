@@ -142,3 +142,22 @@ def test_each_architecture_matches_the_hf_forward(tmp_path, family):
     assert (chunked - full_logits(model, same)[-1]).abs().max() < 1e-4, family
     one = forward.decode(torch.tensor([5]), torch.tensor([len(same)]))[0]
     assert (one - full_logits(model, same + [5])[-1]).abs().max() < 1e-4, family
+
+
+def test_prefill_many_equals_one_prefill_per_row(model_v0):
+    """Several rows (fresh, and one continuing a cached prefix) in one forward: the same logits
+    and KV as prefilling each row on its own (chunks of >= 4 tokens; a shorter one alone takes
+    the BLAS's small-matrix kernels, so it is compared with HF's forward within 1e-4)."""
+    model = load_model(model_v0)
+    together, alone = RowForward(model, rows=3), RowForward(model, rows=3)
+    a, b, c = list(range(10, 40)), list(range(50, 60)), list(range(60, 62))
+    for forward in (together, alone):
+        forward.prefill(1, b[:4], 0)
+    logits = together.prefill_many([(0, a, 0), (1, b[4:], 4), (2, c, 0)])
+    for row, (got, want) in enumerate(zip(logits, [alone.prefill(0, a, 0),
+                                                  alone.prefill(1, b[4:], 4)])):
+        assert (got - want).abs().max() < 1e-6, row
+    assert (logits[2] - full_logits(model, c)[-1]).abs().max() < 1e-4
+    for row, n in ((0, len(a)), (1, len(b))):
+        for mine, theirs in zip(together.read_row(row, n), alone.read_row(row, n)):
+            assert torch.equal(mine[0], theirs[0]) and torch.equal(mine[1], theirs[1])

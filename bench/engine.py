@@ -1,6 +1,7 @@
 """Embedded-engine throughput, side by side with transformers `generate()`, in one run.
 
     .venv/bin/python bench/engine.py [--tokens 128] [--prompt 32] [--sessions 1,8,32]
+    .venv/bin/python bench/engine.py --model var/models/smollm2-135m --tokens 32 --repeats 1
 
 Prints, for each number of concurrent sessions B:
 - engine (HTTP): B concurrent `generate` calls through the engine client to a real
@@ -155,7 +156,8 @@ def main() -> None:
         core.stop()
 
     median = {b: {k: statistics.median(v) for k, v in r.items()} for b, r in results.items()}
-    print(f"model: {model_dir if args.model else 'tiny'} ({n_params / 1e6:.2f}M params), "
+    name = Path(model_dir).name if args.model else "tiny (engine.tiny, created here)"
+    print(f"model: {name}, {model.config.model_type}, {n_params / 1e6:.2f}M params, "
           f"prompt {args.prompt}, {args.tokens} new tokens/session, torch threads {args.threads}, "
           f"median of {args.repeats}")
     print(f"{'sessions':>8} | {'engine HTTP tok/s':>17} | {'engine core tok/s':>17} | "

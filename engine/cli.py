@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import typer
@@ -79,3 +80,31 @@ def serve_command(
     except OSError as exc:  # port in use, unreadable files
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
+
+
+@model_app.command("import")
+def import_command(
+    gguf_file: Path = typer.Argument(..., help="a .gguf model file transformers can read"),
+    out_dir: Path = typer.Argument(..., help="checkpoint directory to create (must not exist)"),
+) -> None:
+    """Convert a GGUF file (dequantized to float32) into a Hugging Face checkpoint directory."""
+    from engine.checkpoint import SUPPORTED_MODEL_TYPES
+    from engine.gguf_import import GgufImportError, import_gguf
+
+    if not sys.stderr.isatty():
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    try:
+        imported = import_gguf(gguf_file, out_dir)
+    except GgufImportError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from exc
+    typer.echo(f"{imported.model_type} model, {imported.parameters / 1e6:.1f}M parameters, "
+               f"vocabulary {imported.vocab_size}, written to {imported.directory}")
+    if not imported.has_chat_template:
+        typer.echo("note: the GGUF file carries no chat template, so chat_format = \"template\" "
+                   "cannot be used with this checkpoint")
+    if imported.model_type not in SUPPORTED_MODEL_TYPES:
+        typer.echo(f"note: the embedded engine does not serve {imported.model_type}; "
+                   f"serve this checkpoint with vLLM")

@@ -657,25 +657,33 @@ class Engine:
         self._retire_finished()
 
     def _admit(self) -> list[tuple[_Sequence, torch.Tensor]]:
-        admitted: list[tuple[_Sequence, torch.Tensor]] = []
+        """Place waiting requests in free rows (up to the prefill token budget), then prefill
+        them together: one forward per weights version among them."""
+        placed: list[_Sequence] = []
         budget = self.max_prefill_tokens
         start = time.perf_counter()
         prefilled = 0
         while self._waiting and self._n_running() < self.max_batch:
             request = self._waiting[0]
-            if admitted and len(request.prompt) > budget:
+            if placed and len(request.prompt) > budget:
                 break
             self._waiting.popleft()
             seq, count = self._place(request)
-            logits = seq.slot.forward.prefill(seq.row, seq.context[seq.n_fed:], seq.n_fed)
-            admitted.append((seq, logits))
-            seq.spans.append(len(seq.context) - seq.n_fed, seq.slot.version)
-            seq.n_fed = len(seq.context)
+            placed.append(seq)
             budget -= count
             prefilled += count
-        if admitted:
+        logits: dict[int, torch.Tensor] = {}
+        for slot in {id(seq.slot): seq.slot for seq in placed}.values():
+            group = [seq for seq in placed if seq.slot is slot]
+            rows_logits = slot.forward.prefill_many(
+                [(seq.row, seq.context[seq.n_fed:], seq.n_fed) for seq in group])
+            for seq, row_logits in zip(group, rows_logits):
+                logits[id(seq)] = row_logits
+                seq.spans.append(len(seq.context) - seq.n_fed, seq.slot.version)
+                seq.n_fed = len(seq.context)
+        if placed:
             self.metrics.add_prefill(time.perf_counter() - start, prefilled)
-        return admitted
+        return [(seq, logits[id(seq)]) for seq in placed]
 
     def _place(self, request: _Request) -> tuple[_Sequence, int]:
         """Put a request into the next free row of its version, restoring its session's KV."""

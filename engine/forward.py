@@ -9,10 +9,14 @@ The cache is a set of rows: per layer, keys and values of shape (rows, kv_heads,
 head_dim). Row r holds one sequence; position p of that sequence lives at index p. Guarantees:
 
 - `prefill(row, ids, start)` computes positions start..start+n-1 of one row and returns the
-  float32 logits of the last one; `decode(ids_B, positions_B)` computes one new position for
+  float32 logits of the last one (`prefill_many` does several rows in one forward); `decode(ids_B, positions_B)` computes one new position for
   rows 0..B-1 at once. Both read exactly the positions below the ones they write.
-- Logits agree with a plain `model(input_ids)` forward over the whole sequence to float32
-  rounding (about 1e-6), which is what the learner recomputes.
+- Logits agree with a plain `model(input_ids)` forward over the whole sequence, which is what
+  the learner recomputes: a prefill from position 0 runs exactly HF's products (SDPA causal
+  attention, unfused residual adds, a head of at least HEAD_ROWS rows), so its logits are
+  HF's to the bit on one thread; decode steps and chunked prefills use other kernel shapes
+  and agree to float32 rounding (3e-7 on the tiny model, <= 5e-5 on SmolLM2-135M, whose
+  logits reach 35; docs/engine.md).
 - `refresh_weights()` must be called after the model's parameters change in place: the fused
   projection matrices used here are copies.
 """
@@ -27,6 +31,11 @@ from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 
 from engine.checkpoint import CheckpointError
+
+# Matrix products of fewer rows than this take another kernel path in the CPU BLAS (MKL) and
+# round differently from the same rows inside a full-sequence forward; a prefill's head gets
+# at least this many rows, so its logits are those of HF's forward.
+HEAD_ROWS = 4
 
 
 @dataclass
@@ -182,9 +191,8 @@ class RowForward:
     @staticmethod
     def _residual(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                   bias: torch.Tensor | None) -> torch.Tensor:
-        """h + linear(x): one fused op when there is no bias."""
-        if bias is None:
-            return torch.addmm(h, x, weight.t())
+        """h + linear(x), rounded as HF rounds it: the product first, then the sum (addmm would
+        accumulate into h inside the GEMM and round differently)."""
         return h + F.linear(x, weight, bias)
 
     def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
@@ -199,29 +207,44 @@ class RowForward:
     @torch.no_grad()
     def prefill(self, row: int, input_ids: list[int], start: int) -> torch.Tensor:
         """Compute positions start..start+n-1 of `row`; logits (vocab,) of the last position."""
-        n = len(input_ids)
-        end = start + n
-        self.ensure_capacity(end)
-        h = self.embed[torch.tensor(input_ids, dtype=torch.long)]
-        cos, sin = self.cos_P_D[start:end], self.sin_P_D[start:end]
-        # query i (absolute position start+i) sees keys 0..start+i
-        allowed = torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)
-        bias_N_L = torch.zeros(n, end).masked_fill_(~allowed, float("-inf"))
+        return self.prefill_many([(row, input_ids, start)])[0]
+
+    @torch.no_grad()
+    def prefill_many(self, chunks: list[tuple[int, list[int], int]]) -> torch.Tensor:
+        """Prefill several rows in one forward: each chunk is (row, ids, start). Returns the
+        logits (chunks, vocab) of each chunk's last position. The matrix products run over all
+        chunks' tokens at once (the weights are read once, not once per sequence); attention
+        runs per chunk, with the same SDPA call as the HF forward of that sequence."""
+        lengths = [len(ids) for _, ids, _ in chunks]
+        ends = [start + n for (_, _, start), n in zip(chunks, lengths)]
+        self.ensure_capacity(max(ends))
+        h = self.embed[torch.tensor([t for _, ids, _ in chunks for t in ids], dtype=torch.long)]
+        positions = torch.cat([torch.arange(start, end) for (_, _, start), end in zip(chunks, ends)])
+        cos, sin = self.cos_P_D[positions], self.sin_P_D[positions]
+        offsets = [sum(lengths[:i]) for i in range(len(chunks))]
+        # query i (absolute position start+i) sees keys 0..start+i; a prefill from position 0
+        # is plain causal attention, the same SDPA call as the HF forward makes
+        masks = [None if start == 0 else
+                 torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)
+                 for (_, _, start), end in zip(chunks, ends)]
         for layer, k_cache, v_cache in zip(self.layers, self.keys, self.values):
             q, k, v = self._project(layer, self._rms(h, layer.input_norm), cos, sin)
-            k_cache[row, :, start:end] = k.transpose(0, 1)
-            v_cache[row, :, start:end] = v.transpose(0, 1)
-            keys_K_L_D = k_cache[row, :, :end]
-            values_K_L_D = v_cache[row, :, :end]
-            q_K_GN_D = q.view(n, self.n_kv_heads, self.groups, self.head_dim) \
-                .permute(1, 2, 0, 3).reshape(self.n_kv_heads, self.groups * n, self.head_dim)
-            scores = torch.matmul(q_K_GN_D, keys_K_L_D.transpose(1, 2)) * self.scale
-            scores = scores.view(self.n_kv_heads, self.groups, n, end) + bias_N_L
-            probs = torch.softmax(scores, dim=-1).view(self.n_kv_heads, self.groups * n, end)
-            out = torch.matmul(probs, values_K_L_D).view(self.n_kv_heads, self.groups, n, self.head_dim)
-            out = out.permute(2, 0, 1, 3).reshape(n, self.n_heads * self.head_dim)
+            outs = []
+            for (row, _, start), n, end, off, mask in zip(chunks, lengths, ends, offsets, masks):
+                k_cache[row, :, start:end] = k[off:off + n].transpose(0, 1)
+                v_cache[row, :, start:end] = v[off:off + n].transpose(0, 1)
+                out = F.scaled_dot_product_attention(
+                    q[off:off + n].transpose(0, 1).unsqueeze(0), k_cache[row:row + 1, :, :end],
+                    v_cache[row:row + 1, :, :end], attn_mask=mask, is_causal=mask is None,
+                    scale=self.scale, enable_gqa=True)
+                outs.append(out[0].transpose(0, 1).reshape(n, self.n_heads * self.head_dim))
+            out = outs[0] if len(outs) == 1 else torch.cat(outs)
             h = self._mlp(layer, self._residual(h, out, layer.o_weight, layer.o_bias))
-        return self._logits(h[-1:])[0]
+        # each chunk's last HEAD_ROWS positions go through the head; its last one is kept
+        tails = [torch.arange(off + max(n - HEAD_ROWS, 0), off + n) for n, off in zip(lengths, offsets)]
+        logits = self._logits(h[torch.cat(tails)])
+        lasts = torch.tensor([len(t) for t in tails]).cumsum(0) - 1
+        return logits[lasts]
 
     @torch.no_grad()
     def decode(self, input_ids_B: torch.Tensor, positions_B: torch.Tensor) -> torch.Tensor:

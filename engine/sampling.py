@@ -10,7 +10,8 @@ Processing order (the same as `stalewise.engine_api.SamplingParams` documents, a
 5. the survivors are renormalised: `processed_logprobs` is log-softmax over them, -inf elsewhere.
 
 The sampled id is drawn from exactly that distribution by inverse-CDF sampling on one uniform
-draw per row, and its recorded log-prob is the processed log-prob of the drawn id, so
+draw per row (over the sorted distribution when top-k, top-p, greedy rows or a reported top-k
+need it; in vocabulary order otherwise, which needs no sort), and its recorded log-prob is the processed log-prob of the drawn id, so
 exp(recorded log-prob) is the probability with which it was drawn. Rows with a seed use their
 own `torch.Generator`; the others share the engine's generator.
 """
@@ -58,10 +59,40 @@ def processed_sorted(logits_B_V: torch.Tensor, temperature_B: torch.Tensor, top_
     return torch.log_softmax(sorted_B_V, dim=-1), ids_B_V
 
 
+def _unfiltered(temperature_B: torch.Tensor, top_k_B: torch.Tensor, top_p_B: torch.Tensor,
+                vocab: int) -> bool:
+    """No row needs the sorted distribution: no greedy row, no top-k, no top-p."""
+    return bool(((temperature_B > 0) & ((top_k_B <= 0) | (top_k_B >= vocab))
+                 & (top_p_B >= 1.0)).all())
+
+
+def _sample_unfiltered(logits_B_V: torch.Tensor, temperature_B: torch.Tensor,
+                       uniforms_B: torch.Tensor, suppress_B_V: torch.Tensor | None
+                       ) -> SampleOutput:
+    """Inverse-CDF sampling in vocabulary order: the same distribution without sorting it
+    (a sort of a 50k vocabulary costs as much as a decode step of a 135M model)."""
+    scaled = logits_B_V.float() / temperature_B.unsqueeze(1)
+    if suppress_B_V is not None:
+        scaled = scaled.masked_fill(suppress_B_V, float("-inf"))
+    logprobs_B_V = torch.log_softmax(scaled, dim=-1)
+    cdf_B_V = torch.cumsum(logprobs_B_V.exp().double(), dim=-1)
+    target_B = uniforms_B.double() * cdf_B_V[:, -1]
+    choice_B = torch.searchsorted(cdf_B_V, target_B.unsqueeze(1), right=True).squeeze(1)
+    ranks_V = torch.arange(logprobs_B_V.shape[-1])
+    last_valid_B = torch.where(torch.isfinite(logprobs_B_V), ranks_V, 0).amax(dim=-1)
+    choice_B = torch.minimum(choice_B, last_valid_B).unsqueeze(1)
+    empty = torch.empty(logits_B_V.shape[0], 0)
+    return SampleOutput(token_ids_B=choice_B.squeeze(1),
+                        logprobs_B=logprobs_B_V.gather(1, choice_B).squeeze(1),
+                        topk_ids_B_K=empty.long(), topk_logprobs_B_K=empty)
+
+
 def sample(logits_B_V: torch.Tensor, temperature_B: torch.Tensor, top_k_B: torch.Tensor,
            top_p_B: torch.Tensor, uniforms_B: torch.Tensor, topk: int = 0,
            suppress_B_V: torch.Tensor | None = None) -> SampleOutput:
     """Draw one id per row from the processed distribution with the given U[0,1) draws."""
+    if topk == 0 and _unfiltered(temperature_B, top_k_B, top_p_B, logits_B_V.shape[-1]):
+        return _sample_unfiltered(logits_B_V, temperature_B, uniforms_B, suppress_B_V)
     logprobs_B_V, ids_B_V = processed_sorted(logits_B_V, temperature_B, top_k_B, top_p_B,
                                              suppress_B_V)
     cdf_B_V = torch.cumsum(logprobs_B_V.exp(), dim=-1)

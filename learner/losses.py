@@ -381,7 +381,16 @@ def _policy_metrics(
     metrics.update(_weight_metrics("loss/is_", weights, units))
     metrics.update(_kl_metrics("loss/kl_sampler", trainer.detach() - sampler, mask))
     metrics.update(_kl_metrics("loss/kl_proximal", trainer.detach() - proximal, mask))
+    metrics.update(_gap_metrics("loss/sampler_abs_diff", trainer.detach() - sampler, mask))
     return metrics
+
+
+def _gap_metrics(prefix: str, diff: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Mean and max |trainer - sampler| log-prob over loss tokens: at lag 0 the numerical
+    mismatch between the engine and the learner's recomputation."""
+    gap = torch.where(mask, diff.abs(), torch.zeros_like(diff))
+    return {f"{prefix}_mean": _masked_mean(gap, mask),
+            f"{prefix}_max": gap.amax() if gap.numel() else torch.zeros(())}
 
 
 def policy_loss(

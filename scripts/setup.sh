@@ -26,7 +26,7 @@ fi
 
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ requirements.lock -nt "$STAMP" ]; then
   echo "setup: installing stalewise and its dependencies (versions from requirements.lock)" >&2
-  "$VENV/bin/python" -m pip install -q -c requirements.lock -e ".[test]" \
+  "$VENV/bin/python" -m pip install -q -c requirements.lock -e ".[test,gguf]" \
     --config-settings editable_mode=compat
   touch "$STAMP"
 fi
@@ -34,6 +34,7 @@ fi
 bash scripts/ensure_mcp_sdk.sh "$VENV/bin/python"  # MCP SDK folder for in-sandbox MCP servers (tests)
 bash scripts/fetch_chat_fixtures.sh "$VENV/bin/python"
 bash scripts/setup_browser.sh
+bash scripts/fetch_models.sh "$VENV/bin/python"
 
 if [ "${STALEWISE_SKIP_DOCKER:-0}" != "1" ]; then
   bash scripts/sandbox_setup.sh "$VENV/bin/stalewise"

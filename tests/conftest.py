@@ -1,4 +1,5 @@
-"""Shared fixtures: fresh SQLite and PostgreSQL databases for store tests.
+"""Shared fixtures: fresh SQLite and PostgreSQL databases for store tests; a real short run's
+database; the real checkpoint.
 
 Hypothesis runs without its per-example deadline (200 ms by default) or its too-slow health
 check: both are wall-clock bounds that a loaded machine breaks.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -116,3 +118,14 @@ def real_run(tmp_path_factory) -> tuple[str, str]:
     finally:
         store.close()
     return url, run_id
+
+
+SMOLLM2_DIR = Path(__file__).resolve().parents[1] / "var" / "models" / "smollm2-135m"
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a float32 checkpoint, built by the test set-up (never committed)."""
+    if not (SMOLLM2_DIR / "model.safetensors").is_file():
+        pytest.fail(f"{SMOLLM2_DIR} is missing; build it with: bash scripts/fetch_models.sh")
+    return SMOLLM2_DIR

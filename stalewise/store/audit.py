@@ -40,6 +40,7 @@ def runs(store: Store, limit: int = 50) -> list[dict[str, Any]]:
 # (column, metric key) of the learning curve: what an RL engineer checks first at each step
 CURVE_METRICS = (
     ("reward", "reward/mean"), ("loss", "loss/policy"), ("kl_sampler", "loss/kl_sampler_k3"),
+    ("lp_diff_mean", "loss/sampler_abs_diff_mean"), ("lp_diff_max", "loss/sampler_abs_diff_max"),
     ("clip_high", "loss/clip_frac_high"), ("clip_low", "loss/clip_frac_low"),
     ("is_ess", "loss/is_ess"), ("entropy", "loss/entropy"), ("grad_norm", "learner/grad_norm"),
 )

@@ -127,3 +127,20 @@ def test_empirical_frequencies_match_recorded_probabilities_chi_square():
     expected = probs / probs.sum() * n  # renormalise float32 rounding so the totals agree
     result = chisquare(counts[kept].numpy(), expected.numpy())
     assert result.pvalue > 1e-3, result
+
+
+def test_unfiltered_rows_sample_without_sorting_from_the_same_distribution():
+    """T=1.3, no top-k/top-p (the path that skips the sort): 20k draws over unsorted logits
+    match exp(recorded log-prob), and each recorded log-prob is the processed one."""
+    generator = torch.Generator().manual_seed(99)
+    logits = torch.randn(1, 60, generator=generator) * 2
+    n = 20_000
+    temperature, no_k, no_p = torch.full((n,), 1.3), torch.zeros(n, dtype=torch.long), torch.ones(n)
+    out = sample(logits.expand(n, -1), temperature, no_k, no_p,
+                 torch.rand(n, generator=generator, dtype=torch.float64))
+    processed = processed_logprobs(logits, temperature[:1], no_k[:1], no_p[:1])[0]
+    assert torch.allclose(out.logprobs_B, processed[out.token_ids_B], atol=1e-6)
+    counts = torch.bincount(out.token_ids_B, minlength=60).double()
+    expected = processed.double().exp()
+    result = chisquare(counts.numpy(), (expected / expected.sum() * n).numpy())
+    assert result.pvalue > 1e-3, result

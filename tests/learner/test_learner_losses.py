@@ -249,6 +249,8 @@ def test_metrics_report_clip_fractions_separately_and_kl_to_sampler():
     delta = (lp - mu)[loss_tokens]
     assert m["loss/kl_sampler_k1"] == pytest.approx((-delta).mean().item())
     assert m["loss/kl_sampler_k3"] == pytest.approx((torch.exp(delta) - 1 - delta).mean().item())
+    assert m["loss/sampler_abs_diff_mean"] == pytest.approx(delta.abs().mean().item())
+    assert m["loss/sampler_abs_diff_max"] == pytest.approx(delta.abs().max().item())
     for key in ("loss/is_weight_mean", "loss/is_weight_max", "loss/is_ess", "loss/masked_frac"):
         assert key in m
 

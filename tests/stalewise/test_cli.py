@@ -137,13 +137,15 @@ def test_audit_steps_prints_the_learning_curve(tmp_path):
         store.record_learner_step_and_version("r1", dict(
             step=step, mode="rl", first_seq=step, last_seq=step, num_samples=4, num_tokens=40,
             loss=0.1, policy_version=step - 1, mean_lag=0.5, max_lag=1,
-            metrics={"reward/mean": reward, "loss/kl_sampler_k3": 1e-3},
+            metrics={"reward/mean": reward, "loss/kl_sampler_k3": 1e-3,
+                     "loss/sampler_abs_diff_max": 2e-5},
             started_at=10.0 * step, finished_at=10.0 * step + 2.5), None)
     store.close()
     rows = json.loads(_invoke("audit", "steps", "--run", "r1", "--url", url, "--json").output)
     assert [(r["step"], r["reward"], r["kl_sampler"], r["seconds"]) for r in rows] == [
         (1, 0.25, 1e-3, 2.5), (2, 0.5, 1e-3, 2.5)]
     assert rows[0]["clip_high"] is None  # not reported by that step
+    assert rows[0]["lp_diff_max"] == 2e-5
     table = _invoke("audit", "steps", "--run", "r1", "--url", url).output
     assert "kl_sampler" in table and "0.25" in table
 

@@ -30,6 +30,7 @@ import os
 import re
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import IO, Any
@@ -94,7 +95,7 @@ class McpError(Exception):
 
 # -- connections -----------------------------------------------------------------------------
 
-class Connection:
+class Connection(ABC):
     """One running server for one trajectory; requests one at a time."""
 
     def __init__(self, server: McpServerConfig) -> None:
@@ -140,17 +141,21 @@ class Connection:
             raise McpError(f"MCP server {self.server.label} sent no result for {method}")
         return result
 
+    @abstractmethod
     async def start(self) -> None:
-        raise NotImplementedError
+        """Implemented by the host and in-sandbox connections."""
 
+    @abstractmethod
     async def notify(self, method: str) -> None:
-        raise NotImplementedError
+        """Implemented by the host and in-sandbox connections."""
 
+    @abstractmethod
     async def exchange(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        raise NotImplementedError
+        """Implemented by the host and in-sandbox connections."""
 
+    @abstractmethod
     async def stop(self) -> None:
-        raise NotImplementedError
+        """Implemented by the host and in-sandbox connections."""
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):

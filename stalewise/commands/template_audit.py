@@ -23,7 +23,7 @@ class AuditError(Exception):
 
 
 def audit_run(store: Store, run_id: str, *, tokenizer_dir: str | None = None) -> dict[str, Any]:
-    from orchestrator.job import load_tokenizer
+    from stalewise.tokenizer import load_tokenizer
     from tasks.chat import make_chat_format
     from tasks.chat.conformance import RecordedCall, audit_calls
     from tasks.loading import load_family

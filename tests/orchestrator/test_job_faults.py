@@ -132,9 +132,13 @@ def children_of(pid: int) -> list[int]:
 
 
 def children_running(pid: int, word: str) -> list[int]:
-    """Children of `pid` whose command line contains `word` (engine, learner, sft)."""
-    return [p for p in children_of(pid)
-            if word in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+    """Children of `pid` with `word` (engine, learner, sft) as one of their arguments: a whole
+    argument, since paths in a command line (a test's tmp dir) can contain the word too."""
+    return [p for p in children_of(pid) if word in _argv(p)]
+
+
+def _argv(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
 
 
 def alive(pid: int) -> bool:

@@ -69,7 +69,6 @@ from engine.requests import (
     RequestError,
     SamplingSpec,
     TokenEvent,
-    UpdateReport,
 )
 from engine.sampling import sample
 from engine.sessions import SessionCache, SessionStore, VersionSpans
@@ -80,7 +79,7 @@ from engine.versions import (
     not_resident_message,
     plan_residency,
 )
-from stalewise.engine_api import KvPolicy, PauseMode, UpdateMode
+from stalewise.engine_api import KvPolicy, PauseMode, UpdateMode, UpdateWeightsReply
 from stalewise.engine_config import EngineServerConfig
 
 log = logging.getLogger("stalewise.engine")
@@ -256,7 +255,7 @@ class Engine:
 
     def update_weights(self, state: dict[str, torch.Tensor], *, version: int, path: str,
                        mode: UpdateMode = "inflight", kv: KvPolicy = "recompute") -> Future:
-        """Queue a weight swap; the future resolves to an `UpdateReport` once it is applied."""
+        """Queue a weight swap; the future resolves to an `UpdateWeightsReply` once it is applied."""
         if mode not in UPDATE_MODES:
             raise RequestError(f"mode must be 'inflight', 'drain' or 'pin', got {mode!r}")
         if kv not in get_args(KvPolicy):
@@ -502,10 +501,11 @@ class Engine:
             if pending is not None:  # a retry of an update still waiting (drain): same outcome
                 pending.future.add_done_callback(lambda done: _copy_outcome(done, update.future))
             else:
-                update.future.set_result(UpdateReport(
-                    update.version, update.version, update.path, update.mode, update.kv,
-                    0.0, 0.0, 0, 0, 0, already_applied=True,
-                    resident_versions=self.resident_versions))
+                update.future.set_result(UpdateWeightsReply(
+                    version=update.version, previous_version=update.version, path=update.path,
+                    mode=update.mode, kv=update.kv, wait_s=0.0, pause_s=0.0,
+                    in_flight_sequences=0, recomputed_tokens=0, invalidated_sessions=0,
+                    already_applied=True, resident_versions=self.resident_versions))
             return
         if update.version <= self._accepted_version:
             update.future.set_exception(RequestError(
@@ -560,7 +560,7 @@ class Engine:
         evicted = self._settle_versions()
         pause = time.perf_counter() - start
         self.metrics.add_update(pause)
-        update.future.set_result(UpdateReport(
+        update.future.set_result(UpdateWeightsReply(
             version=update.version, previous_version=previous_version, path=update.path,
             mode=update.mode,
             kv=update.kv, wait_s=time.monotonic() - update.received - pause, pause_s=pause,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stalewise.engine_api import FinishReason, KvPolicy, SamplingParams, UpdateMode
+from stalewise.engine_api import FinishReason, SamplingParams
 from stalewise.records import SampledTokens
 
 
@@ -99,22 +99,3 @@ class EngineOutput:
                          .reshape(-1, self.topk))
         return SampledTokens(self.token_ids, self.sampler_logprobs, self.weights_versions,
                              self.kv_versions, self.time_offsets, **extra)
-
-
-@dataclass(frozen=True)
-class UpdateReport:
-    """What one weight update did; times in seconds."""
-
-    version: int
-    previous_version: int
-    path: str
-    mode: UpdateMode
-    kv: KvPolicy
-    wait_s: float                # from the engine receiving it to the swap (drain waits here)
-    pause_s: float               # decoding stopped: swap plus recompute prefill
-    in_flight_sequences: int     # sequences that continue under the new weights
-    recomputed_tokens: int       # positions re-prefilled (kv=recompute)
-    invalidated_sessions: int    # retained session caches dropped (kv=recompute)
-    already_applied: bool = False
-    resident_versions: tuple[int, ...] = ()   # weights versions held after the update
-    evicted_versions: tuple[int, ...] = ()    # still referenced, dropped for the resident cap

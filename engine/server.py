@@ -25,7 +25,6 @@ import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,7 @@ from engine.http_util import (
     until_done_or_disconnect,
     wait,
 )
-from engine.requests import EngineStopped, RequestError, SamplingSpec, UpdateReport
+from engine.requests import EngineStopped, RequestError, SamplingSpec
 from stalewise.engine_api import (
     ABORT_ROUTE,
     GENERATE_ROUTE,
@@ -109,13 +108,13 @@ class EngineApp:
         self._check_alive()
         try:
             state = await anyio.to_thread.run_sync(self.engine.load_weights, path)
-            report: UpdateReport = await wait(self.engine.update_weights(
+            report: UpdateWeightsReply = await wait(self.engine.update_weights(
                 state, version=version, path=path, mode=mode, kv=kv))
         except (CheckpointError, RequestError) as exc:
             raise HttpError(400, str(exc)) from exc
         except EngineStopped as exc:
             raise HttpError(503, str(exc)) from exc
-        return UpdateWeightsReply(**asdict(report)).model_dump(mode="json")
+        return report.model_dump(mode="json")
 
     async def abort(self, request: Request) -> Response:
         body: AbortBody = await parse(request, AbortBody)

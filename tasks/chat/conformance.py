@@ -38,6 +38,7 @@ from tasks.chat.base import ChatFormat, tool_listing_text
 from tasks.chat.conversation import Conversation
 from tasks.chat.families import tool_schema
 from tasks.chat.native_calls import call_id_for
+from tasks.chat.template import json_or_text
 from tasks.messages import ChatMessage
 from tasks.tools import Tool
 
@@ -324,19 +325,12 @@ class _Reference:
             return out
         for entry in out:
             if entry["role"] == "tool" and self.family.json_tool_content:
-                entry["content"] = json.dumps(_json_or_text(entry["content"]), ensure_ascii=False)
+                entry["content"] = json.dumps(json_or_text(entry["content"]), ensure_ascii=False)
         if self.family.system_with_last_user and out[0]["role"] == "system":
             last = max(i for i, d in enumerate(out) if d["role"] == "user")
             out[last]["content"] = f"{out[0]['content']}\n\n{out[last]['content']}"
             out = out[1:]
         return out
-
-
-def _json_or_text(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
 
 
 # -- auditing recorded trajectories ------------------------------------------------------------

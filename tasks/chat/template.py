@@ -262,7 +262,7 @@ class TemplateChatFormat:
     def _tool_dict(self, message: ChatMessage, call_id: str) -> dict[str, Any]:
         content = message.content
         if self.family and self.family.json_tool_content:
-            content = json.dumps(_json_or_text(content), ensure_ascii=False)
+            content = json.dumps(json_or_text(content), ensure_ascii=False)
         elif self._wrap_results:
             content = f"{RESPONSE_OPEN}{content}{RESPONSE_CLOSE}"
         out: dict[str, Any] = {"role": self.tool_role, "content": content,
@@ -351,7 +351,7 @@ def _system_into_last_user(dicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _json_or_text(text: str) -> Any:
+def json_or_text(text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError:

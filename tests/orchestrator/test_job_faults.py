@@ -150,11 +150,13 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def containers_of(run_id: str, *, running_only: bool = False) -> list:
+def containers_of(run_id: str, *, running_only: bool = False) -> list[dict]:
+    """The run's containers as Docker lists them (one call: a container removed meanwhile is
+    simply absent, where list-then-inspect would raise NotFound)."""
     client = docker.from_env()
     try:
-        return client.containers.list(all=not running_only,
-                                      filters={"label": f"{RUN_ID}={run_id}"})
+        return client.api.containers(all=not running_only,
+                                     filters={"label": f"{RUN_ID}={run_id}"})
     finally:
         client.close()
 

@@ -86,7 +86,8 @@ def _span_colours(browser) -> list[str]:
 
 def test_a_trajectory_opens_and_its_tokens_change_colour_by_channel(browser, viewer, real_run):
     _, run_id = real_run
-    browser.get(viewer.url(f"/runs/{run_id}/trajectories?purpose=train&status=completed"))
+    # the longest training trajectory: an untrained model's turns may end completed or truncated
+    browser.get(viewer.url(f"/runs/{run_id}/trajectories?purpose=train&sort=tokens&desc=1"))
     first = browser.find_element(By.CSS_SELECTOR, "#trajectories tbody tr td a")
     trajectory_id = first.text
     first.click()

@@ -21,10 +21,9 @@ import json
 import re
 import string
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from tasks.chat.base import ParsedCall
-from tasks.chat.parsing import parse_tool_calls
+from tasks.chat.parsing import named_call, parse_tool_calls
 
 CallParser = Callable[[str, Sequence[str]], tuple[ParsedCall, ...]]
 PYTHON_TAG = "<|python_tag|>"
@@ -49,7 +48,7 @@ def parse_llama3_calls(text: str, tool_names: Sequence[str]) -> tuple[ParsedCall
             calls.append(ParsedCall(raw=body[at:], error=f"tool call is not valid JSON "
                                                           f"({err.msg} at {err.pos - at})"))
             break
-        calls.append(_named_call(body[at:end], value, tool_names, ("parameters", "arguments")))
+        calls.append(named_call(body[at:end], value, tool_names, ("parameters", "arguments")))
         at = end
         while at < len(body) and body[at] in " \t\r\n;":
             at += 1
@@ -71,36 +70,12 @@ def parse_mistral_calls(text: str, tool_names: Sequence[str]) -> tuple[ParsedCal
                                           "list of calls"),)
     calls = []
     for item in value:
-        call = _named_call(json.dumps(item, ensure_ascii=False), item, tool_names, ("arguments",))
+        call = named_call(json.dumps(item, ensure_ascii=False), item, tool_names, ("arguments",))
         given = item.get("id") if isinstance(item, dict) else None
         if isinstance(given, str) and MISTRAL_ID.fullmatch(given):
             call = ParsedCall(call.raw, call.name, call.arguments, call.error, call_id=given)
         calls.append(call)
     return tuple(calls)
-
-
-def _named_call(raw: str, value: Any, tool_names: Sequence[str],
-                argument_keys: Sequence[str]) -> ParsedCall:
-    if not isinstance(value, dict):
-        return ParsedCall(raw=raw, error="tool call must be a JSON object with name and "
-                                         f"{argument_keys[0]}")
-    name = value.get("name")
-    if not isinstance(name, str) or not name:
-        return ParsedCall(raw=raw, error='tool call needs a "name" string')
-    if name not in tool_names:
-        available = ", ".join(tool_names) or "none"
-        return ParsedCall(raw=raw, name=name, error=f"unknown tool {name!r}; tools: {available}")
-    key = next((k for k in argument_keys if k in value), argument_keys[0])
-    arguments = value.get(key, {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as err:
-            return ParsedCall(raw=raw, name=name, error=f"{key} string is not valid JSON "
-                                                        f"({err.msg})")
-    if not isinstance(arguments, dict):
-        return ParsedCall(raw=raw, name=name, error=f'"{key}" must be a JSON object')
-    return ParsedCall(raw=raw, name=name, arguments=arguments)
 
 
 def call_id_for(position: int, index: int) -> str:

@@ -47,23 +47,33 @@ def parse_call_body(body: str, tool_names: Sequence[str]) -> ParsedCall:
         value: Any = json.loads(raw)
     except json.JSONDecodeError as err:
         return ParsedCall(raw=raw, error=f"tool call is not valid JSON ({err.msg} at {err.pos})")
+    return named_call(raw, value, tool_names)
+
+
+def named_call(raw: str, value: Any, tool_names: Sequence[str],
+               argument_keys: Sequence[str] = ("arguments",)) -> ParsedCall:
+    """The call in a decoded JSON `value`: a known tool's name and a JSON-object argument
+    (under the first of `argument_keys` present; a JSON string there is decoded), or the error
+    that says what is wrong. `raw` is the text the call came from."""
     if not isinstance(value, dict):
-        return ParsedCall(raw=raw, error="tool call must be a JSON object with name and arguments")
+        return ParsedCall(raw=raw, error="tool call must be a JSON object with name and "
+                                         f"{argument_keys[0]}")
     name = value.get("name")
     if not isinstance(name, str) or not name:
         return ParsedCall(raw=raw, error='tool call needs a "name" string')
     if name not in tool_names:
         available = ", ".join(tool_names) or "none"
         return ParsedCall(raw=raw, name=name, error=f"unknown tool {name!r}; tools: {available}")
-    arguments = value.get("arguments", {})
+    key = next((k for k in argument_keys if k in value), argument_keys[0])
+    arguments = value.get(key, {})
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError as err:
-            return ParsedCall(raw=raw, name=name,
-                              error=f"arguments string is not valid JSON ({err.msg})")
+            return ParsedCall(raw=raw, name=name, error=f"{key} string is not valid JSON "
+                                                        f"({err.msg})")
     if not isinstance(arguments, dict):
-        return ParsedCall(raw=raw, name=name, error='"arguments" must be a JSON object')
+        return ParsedCall(raw=raw, name=name, error=f'"{key}" must be a JSON object')
     return ParsedCall(raw=raw, name=name, arguments=arguments)
 
 

@@ -172,7 +172,7 @@ class HostSet:
             except Exception:  # noqa: BLE001 - a dead engine's connections may not close cleanly
                 pass
         log.warning("Docker host %s is unreachable (%s); its sandboxes fail as infrastructure "
-                    "errors; retrying it in %.0f s", host.url, host.last_error, backoff)
+                    "errors; retrying it in %.1f s", host.url, host.last_error, backoff)
 
     # ---- orphan cleanup ----------------------------------------------------------------------
     async def remove_orphans(self) -> None:

@@ -4,7 +4,7 @@
 #   scripts/second_dockerd.sh start DIR   start it (idempotent) and print its URL: unix://DIR/docker.sock
 #   scripts/second_dockerd.sh kill DIR    lose the host: SIGKILL its dockerd, containerd, shims
 #                                         and container processes (state in DIR is kept)
-#   scripts/second_dockerd.sh stop DIR    stop it (TERM, then KILL), unmount, and delete DIR
+#   scripts/second_dockerd.sh stop DIR    kill it, unmount what it mounted, delete its bridge and DIR
 #
 # Everything it owns lives under DIR: --data-root DIR/data, --exec-root DIR/exec, --pidfile
 # DIR/dockerd.pid, the API socket DIR/docker.sock, its log DIR/dockerd.log, and its containers'
@@ -95,12 +95,7 @@ kill)
     kill_all
     ;;
 stop)
-    pid="$(pid_of "$dir/dockerd.pid")"
-    if [ -n "$pid" ]; then
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    fi
-    kill_all
+    kill_all  # its state is deleted below, so there is nothing to shut down gracefully
     for _ in $(seq 1 20); do [ -z "$(owned_pids)$(container_pids)" ] && break; sleep 0.5; done
     # unmount what is left under DIR (overlay layers, shm, netns), deepest first
     { grep -F " $dir/" /proc/self/mounts || true; } | awk '{print $2}' | sort -r |

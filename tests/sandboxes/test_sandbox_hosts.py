@@ -10,6 +10,7 @@ from __future__ import annotations
 import textwrap
 import tomllib
 import uuid
+from contextlib import AsyncExitStack
 
 import anyio
 import pytest
@@ -159,13 +160,12 @@ async def test_a_lost_engine_fails_its_sandboxes_and_is_retried_with_backoff(
         assert one.stats["went_down"] == 0
 
         second_docker_host.start()
-        async with pool.acquire() as busy:  # the first engine is busier from here on
-            assert busy.host is one
+        async with AsyncExitStack() as held:  # hold them all, so the loads keep growing
             with anyio.fail_after(120):  # hang guard: backoff doubles from 0.5 s, capped at 30
                 while True:
-                    async with pool.acquire() as sandbox:
-                        if sandbox.host is two:
-                            assert (await sandbox.exec("echo back")).stdout == "back\n"
-                            break
+                    sandbox = await held.enter_async_context(pool.acquire())
+                    if sandbox.host is two:
+                        assert (await sandbox.exec("echo back")).stdout == "back\n"
+                        break
                     await anyio.sleep(0.2)
     assert not two.down and two.stats["came_back"] == 1

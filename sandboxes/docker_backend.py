@@ -72,6 +72,7 @@ class DockerSandbox(SessionSandbox):
         self._hosts = hosts
         self.host: DockerHost | None = None  # the engine it runs on, with a HostSet
         self._holds_slot = False
+        self._host_epoch = 0  # the host's `went_down` count when this sandbox was placed
         self._transport: AttachTransport | None = None
         self._session: AgentSession | None = None
         self._closed = False
@@ -103,6 +104,7 @@ class DockerSandbox(SessionSandbox):
         """Take a slot on a reachable host (may wait for room); `_discard` gives it back."""
         host = await hosts.reserve()
         self.host, self._holds_slot, self._client = host, True, host.client
+        self._host_epoch = host.stats["went_down"]
 
     def _host_failed(self, exc: BaseException) -> None:
         if self._hosts is not None and self.host is not None and not self.host.down:
@@ -114,9 +116,12 @@ class DockerSandbox(SessionSandbox):
 
     @property
     def usable(self) -> bool:
-        """False once its agent is gone or its host is marked down (a pool then drops it)."""
+        """False once its agent is gone or its host went down since it started (a pool then
+        drops it, even when the host has come back: the container went with the engine)."""
         gone = self._session is None or self._session.channel.gone is not None
-        return not (self._closed or gone or (self.host is not None and self.host.down))
+        host_lost = self.host is not None and (
+            self.host.down or self.host.stats["went_down"] != self._host_epoch)
+        return not (self._closed or gone or host_lost)
 
     async def _start(self) -> None:
         if self._client is None:

@@ -89,15 +89,15 @@ class DockerSandbox(SessionSandbox):
         except HostUnreachable as exc:
             self._host_failed(exc)
             with anyio.CancelScope(shield=True):
-                await self._discard()
+                await self._discard(quiet=True)
             raise
         except TimeoutError:
-            await self._discard()
+            await self._discard(quiet=True)
             raise SandboxError(f"sandbox did not start within {self.start_timeout_s:.0f} s "
                                f"({self._agent_stderr() or 'no agent output'})") from None
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await self._discard()
+                await self._discard(quiet=True)
             raise
 
     async def _place(self, hosts: HostSet) -> None:
@@ -189,7 +189,9 @@ class DockerSandbox(SessionSandbox):
                 f"agent exited, or its engine went away)" + (f"; agent said: {tail}" if tail
                                                              else ""))
 
-    async def _discard(self) -> None:
+    async def _discard(self, *, quiet: bool = False) -> None:
+        """Drop the attach stream and the container, and give the host slot back. `quiet`: an
+        engine that went away is only recorded (the start's own error is the one to raise)."""
         try:
             if self._transport is not None:
                 await self._transport.aclose()
@@ -197,7 +199,8 @@ class DockerSandbox(SessionSandbox):
                 await anyio.to_thread.run_sync(_remove_quietly, self._client, self.container_id)
         except HostUnreachable as exc:
             self._host_failed(exc)
-            raise
+            if not quiet:
+                raise
         finally:
             if self._holds_slot and self.host is not None and self._hosts is not None:
                 self._holds_slot = False

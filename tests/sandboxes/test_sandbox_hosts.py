@@ -13,6 +13,7 @@ import uuid
 from contextlib import AsyncExitStack
 
 import anyio
+from anyio import wait_all_tasks_blocked
 import pytest
 
 from sandboxes.api import HostUnreachable, SandboxSpec
@@ -120,9 +121,12 @@ async def test_a_pool_spreads_over_two_engines_within_capacity_copying_the_image
                     sixth.set()
 
             tg.start_soon(one_more)
-            with anyio.move_on_after(3):
-                await sixth.wait()
+            with anyio.fail_after(60):  # hang guard: the pool reserves its slot at once
+                while pool.live < 6:
+                    await anyio.sleep(0.05)
+            await wait_all_tasks_blocked()  # the sixth now waits for a host slot
             assert not sixth.is_set(), "a sixth sandbox started beyond the hosts' capacity"
+            assert [h.live for h in hosts.hosts] == [2, 3]
             holding.set()
             with anyio.fail_after(120):
                 await sixth.wait()

@@ -222,10 +222,12 @@ async def with_job_tools(family: TaskFamily, job: JobConfig, run_id: str) -> Tas
 
 def _check_docker(job: JobConfig) -> None:
     """Every configured Docker engine (or the default one) answers, else the run fails now."""
-    from sandboxes.engine import connect
+    from sandboxes.engine import docker_host
+    from sandboxes.hosts import connected
 
     for host in job.sandbox.hosts or [None]:
-        connect(url=host and host.url, timeout_s=10.0).close()
+        with connected(host.url if host else docker_host()):
+            pass
 
 
 def _remove_containers(job: JobConfig, run_id: str) -> None:
@@ -236,15 +238,13 @@ def _remove_containers(job: JobConfig, run_id: str) -> None:
     from sandboxes.api import SandboxError
     from sandboxes.cleanup import remove_all
 
-    from sandboxes.engine import connect
+    from sandboxes.engine import docker_host
+    from sandboxes.hosts import connected
 
     for host in job.sandbox.hosts or [None]:
         try:
-            client = connect(url=host and host.url, timeout_s=10.0)
-            try:
+            with connected(host.url if host else docker_host()) as client:
                 remove_all(client, run_id=run_id)
-            finally:
-                client.close()
         except SandboxError as exc:
             log.warning("could not remove the run's containers; `stalewise sandbox cleanup` "
                         "removes them once Docker answers", error=str(exc))

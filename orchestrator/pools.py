@@ -39,6 +39,8 @@ class PoolSet:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with AsyncExitStack() as stack, self._receive:
+            if self.hosts is not None:
+                stack.callback(self.hosts.close)  # after every pool has closed
             task_status.started()
             async for key, spec in self._receive:
                 pool = open_pool(spec.model_copy(update={"files": {}}), backend=self.cfg.backend,

@@ -48,37 +48,6 @@ class AttachTransport:
         await self._stream.aclose()
 
 
-class _DialStdio(anyio.abc.ByteStream):
-    """The engine's socket through `ssh HOST docker system dial-stdio` (as the docker CLI does)."""
-
-    def __init__(self, process: anyio.abc.Process) -> None:
-        assert process.stdin is not None and process.stdout is not None
-        self._process = process
-        self._stdin = process.stdin
-        self._stdout = process.stdout
-
-    async def send(self, item: bytes) -> None:
-        await self._stdin.send(item)
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        return await self._stdout.receive(max_bytes)
-
-    async def send_eof(self) -> None:
-        await self._stdin.aclose()
-
-    async def aclose(self) -> None:
-        if self._process.returncode is None:
-            self._process.kill()
-        await self._process.aclose()
-
-
-def ssh_dial_argv(docker_host: str) -> list[str]:
-    url = urlparse(docker_host)
-    target = f"{url.username}@{url.hostname}" if url.username else str(url.hostname)
-    port = ["-p", str(url.port)] if url.port else []
-    return ["ssh", "-o", "BatchMode=yes", *port, "--", target, "docker", "system", "dial-stdio"]
-
-
 async def _connect(docker_host: str) -> anyio.abc.ByteStream:
     url = urlparse(docker_host)
     try:
@@ -86,15 +55,11 @@ async def _connect(docker_host: str) -> anyio.abc.ByteStream:
             return await anyio.connect_unix(url.path)
         if url.scheme in ("tcp", "http"):
             return await anyio.connect_tcp(url.hostname or "localhost", url.port or 2375)
-        if url.scheme == "ssh":
-            import subprocess
-
-            return _DialStdio(await anyio.open_process(ssh_dial_argv(docker_host),
-                                                       stderr=subprocess.DEVNULL))
     except OSError as exc:
         raise HostUnreachable(f"Docker engine at {docker_host} refused the attach: {exc}") from None
-    raise SandboxError(f"Docker host {docker_host}: the attach transport supports unix://, "
-                       "plain tcp:// and ssh:// engines")
+    raise SandboxError(f"DOCKER_HOST={docker_host}: the attach transport supports unix:// and "
+                       "plain tcp:// engines (ssh:// hosts in [sandbox] hosts are forwarded to "
+                       "a local unix socket)")
 
 
 async def open_attach(docker_host: str, api_version: str, container_id: str) -> AttachTransport:

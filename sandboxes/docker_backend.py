@@ -112,7 +112,7 @@ class DockerSandbox(SessionSandbox):
 
     @property
     def host_url(self) -> str:
-        return self.host.url if self.host is not None else docker_host()
+        return self.host.api_url if self.host is not None else docker_host()
 
     @property
     def usable(self) -> bool:

@@ -27,15 +27,14 @@ def docker_host() -> str:
 def connect(*, url: str | None = None, timeout_s: float = 60.0,
             max_pool_size: int = 128) -> "docker.DockerClient":
     """A docker client for the engine at `url` (default `docker_host()`), pinged once;
-    `SandboxError` if down. An ssh:// engine is reached through the `ssh` client."""
+    `SandboxError` if down. For an ssh:// engine use `sandboxes.hosts` (a local forward)."""
     import docker
     import docker.errors
 
     url = url or docker_host()
     try:
         client = docker.DockerClient(base_url=url, timeout=int(timeout_s),
-                                     max_pool_size=max_pool_size,
-                                     use_ssh_client=url.startswith("ssh://"))
+                                     max_pool_size=max_pool_size)
         client.ping()
     except (docker.errors.DockerException, OSError) as exc:
         raise SandboxError(

@@ -11,8 +11,8 @@ A host is a Docker engine address and how many sandboxes it may run at once:
 
 No hosts (the default) means the one engine at $DOCKER_HOST, or the local socket: the
 behaviour of a single-machine job. Addresses are `unix://PATH`, `tcp://HOST:PORT` (plain HTTP;
-put TLS engines behind an ssh tunnel) and `ssh://[USER@]HOST[:PORT]` (the `ssh` client runs
-`docker system dial-stdio` on the host, as the docker CLI does).
+put TLS engines behind ssh) and `ssh://[USER@]HOST[:PORT][/remote/socket]` (the remote socket
+forwarded to a local one by `ssh -N -L`, `sandboxes.hosts.SshForward`).
 """
 
 from __future__ import annotations

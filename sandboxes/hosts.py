@@ -16,17 +16,23 @@
 - orphan cleanup runs on every host when a pool opens, and again on a host that comes back;
 - images: before a container is created on a host that lacks the spec's image, the image is
   copied from a host that has it (`docker save | docker load`, no registry), else built there
-  from the spec's `ImageBuild` (its `FROM` images copied over first when missing).
+  from the spec's `ImageBuild` (its `FROM` images copied over first when missing);
+- an ssh:// host is reached through a local unix socket forwarded by `ssh -N -L`
+  (`SshForward`), reopened when the host is retried; `close()` ends every tunnel.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import subprocess
+import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import anyio
 
@@ -40,10 +46,75 @@ if TYPE_CHECKING:
 log = logging.getLogger("stalewise.sandboxes")
 
 
+class SshForward:
+    """An ssh:// engine as a local unix socket: `ssh -N -L LOCAL.sock:REMOTE.sock HOST`.
+
+    API calls and attach streams then use the local socket, like any unix:// engine. The remote
+    socket is the URL's path (default /var/run/docker.sock). ssh runs under a small shell that
+    holds a pipe from this process: when this process dies, the pipe closes and the shell ends
+    ssh, so no tunnel outlives its orchestrator."""
+
+    def __init__(self, url: str) -> None:
+        from urllib.parse import urlparse
+
+        parsed = urlparse(url)
+        self.target = f"{parsed.username}@{parsed.hostname}" if parsed.username else \
+            str(parsed.hostname)
+        self.port = parsed.port
+        self.remote = parsed.path or "/var/run/docker.sock"
+        self.local = f"{tempfile.gettempdir()}/stalewise-ssh-{os.getpid()}-{id(self):x}.sock"
+        self._process: subprocess.Popen | None = None
+
+    def argv(self) -> list[str]:
+        port = ["-p", str(self.port)] if self.port else []
+        return ["ssh", "-N", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
+                "-o", "StreamLocalBindUnlink=yes", "-o", "ServerAliveInterval=10", *port,
+                "-L", f"{self.local}:{self.remote}", "--", self.target]
+
+    def open(self, timeout_s: float) -> str:
+        """The local unix:// URL, starting the tunnel when it is not running."""
+        if self._process is not None and self._process.poll() is None and \
+                os.path.exists(self.local):
+            return f"unix://{self.local}"
+        self.close()
+        # ssh in the background; a watcher ends it when our pipe closes; the shell exits with ssh
+        guard = ('exec 3<&0; "$@" & pid=$!; { read -r _ <&3; kill "$pid"; } 2>/dev/null & '
+                 'wait "$pid"')
+        self._process = subprocess.Popen(["sh", "-c", guard, "sh", *self.argv()],
+                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while not os.path.exists(self.local):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                err = b""
+                if self._process.poll() is not None and self._process.stderr is not None:
+                    err = self._process.stderr.read()
+                self.close()
+                raise HostUnreachable(f"ssh tunnel to {self.target} failed: "
+                                      f"{err.decode(errors='replace').strip() or 'timed out'}")
+            time.sleep(0.1)
+        return f"unix://{self.local}"
+
+    def close(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            try:
+                if process.stdin is not None:
+                    process.stdin.close()  # the guard shell ends ssh
+                process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                process.kill()
+        try:
+            os.unlink(self.local)
+        except OSError:
+            pass
+
+
 @dataclass(eq=False)
 class DockerHost:
     url: str
     capacity: int | None = None
+    forward: SshForward | None = None  # for ssh:// hosts
     live: int = 0
     client: "docker.DockerClient | None" = None
     failures: int = 0  # consecutive; 0 when the host answers
@@ -52,6 +123,11 @@ class DockerHost:
     probing: bool = False  # a ping is under way: others neither place here nor ping again
     stats: dict[str, int] = field(default_factory=lambda: {
         "placed": 0, "lost": 0, "went_down": 0, "came_back": 0, "images_copied": 0})
+
+    @property
+    def api_url(self) -> str:
+        """Where API calls and attach streams go (an ssh host's local forward)."""
+        return f"unix://{self.forward.local}" if self.forward is not None else self.url
 
     @property
     def down(self) -> bool:
@@ -67,7 +143,8 @@ class HostSet:
                  base_backoff_s: float = 1.0, connect_timeout_s: float = 60.0) -> None:
         if not hosts:
             raise ValueError("HostSet needs at least one Docker host")
-        self.hosts = [DockerHost(h.url, h.capacity) for h in hosts]
+        self.hosts = [DockerHost(h.url, h.capacity, SshForward(h.url) if h.url.startswith(
+            "ssh://") else None) for h in hosts]
         self.is_run_finished = is_run_finished
         self.max_backoff_s = max_backoff_s
         self.base_backoff_s = base_backoff_s
@@ -151,7 +228,8 @@ class HostSet:
         from sandboxes.cleanup import remove_orphans
         from sandboxes.engine import connect
 
-        client = connect(url=host.url, timeout_s=self.connect_timeout_s)
+        url = host.forward.open(self.connect_timeout_s) if host.forward else host.url
+        client = connect(url=url, timeout_s=self.connect_timeout_s)
         if host.down:  # it may have kept containers of ours while it was away
             _log_removals(host, remove_orphans(client, is_run_finished=self.is_run_finished))
         return client
@@ -244,9 +322,35 @@ class HostSet:
                 return True
         return False
 
+    def close(self) -> None:
+        """Close the clients and end the ssh tunnels."""
+        for host in self.hosts:
+            if host.client is not None:
+                host.client.close()
+                host.client = None
+            if host.forward is not None:
+                host.forward.close()
+
     def summary(self) -> dict[str, dict[str, int | str]]:
         return {h.url: {**h.stats, "live": h.live, "down": int(h.down), "last_error":
                         h.last_error} for h in self.hosts}
+
+
+@contextmanager
+def connected(url: str, *, timeout_s: float = 10.0) -> Iterator["docker.DockerClient"]:
+    """A pinged client for one engine URL (through a short-lived tunnel for ssh://)."""
+    from sandboxes.engine import connect
+
+    forward = SshForward(url) if url.startswith("ssh://") else None
+    try:
+        client = connect(url=forward.open(timeout_s) if forward else url, timeout_s=timeout_s)
+        try:
+            yield client
+        finally:
+            client.close()
+    finally:
+        if forward is not None:
+            forward.close()
 
 
 def copy_image(source: "docker.DockerClient", target: "docker.DockerClient", image: str) -> None:

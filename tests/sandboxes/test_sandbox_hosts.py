@@ -11,6 +11,7 @@ import textwrap
 import tomllib
 import uuid
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import anyio
 from anyio import wait_all_tasks_blocked
@@ -21,7 +22,7 @@ from sandboxes.backends import open_pool
 from sandboxes.cleanup import list_containers
 from sandboxes.engine import connect, docker_host
 from sandboxes.host_config import DockerHostConfig
-from sandboxes.hosts import HostSet
+from sandboxes.hosts import HostSet, SshForward
 from sandboxes.image import build_image, image_exists
 from stalewise.config import parse_config
 from stalewise.config_errors import ConfigError
@@ -69,6 +70,19 @@ async def test_when_no_engine_answers_placement_fails_at_once_naming_each(tmp_pa
         await hosts.reserve()
     assert "a.sock" in str(err.value) and "b.sock" in str(err.value)
     assert all(h.down and h.live == 0 for h in hosts.hosts)
+
+
+def test_an_ssh_host_that_refuses_fails_with_the_ssh_error(tmp_path):
+    """ssh:// hosts go through a local `ssh -N -L` forward; a host that does not answer is
+    a `HostUnreachable` with ssh's own words, and leaves no tunnel or socket behind."""
+    forward = SshForward("ssh://nobody@127.0.0.1:1/run/docker.sock")
+    assert forward.argv()[-4:] == ["-L", f"{forward.local}:/run/docker.sock", "--",
+                                   "nobody@127.0.0.1"]
+    with pytest.raises(HostUnreachable) as err:
+        forward.open(timeout_s=60)
+    assert "ssh tunnel to nobody@127.0.0.1 failed" in str(err.value)
+    assert "refused" in str(err.value)
+    assert forward._process is None and not Path(forward.local).exists()
 
 
 def _build_marker_image(tmp_path, tag: str) -> None:

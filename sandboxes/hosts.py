@@ -158,13 +158,6 @@ class HostSet:
         return cls([u if isinstance(u, DockerHostConfig) else DockerHostConfig(url=u)
                     for u in urls], **kwargs)
 
-    @classmethod
-    def default(cls, hosts: Sequence[DockerHostConfig] = (), **kwargs) -> "HostSet":
-        """The configured hosts, or the one engine at $DOCKER_HOST when none are listed."""
-        from sandboxes.engine import docker_host
-
-        return cls(list(hosts) or [DockerHostConfig(url=docker_host())], **kwargs)
-
     # ---- placement ---------------------------------------------------------------------------
     def _load(self, host: DockerHost) -> float:
         caps = [h.capacity for h in self.hosts if h.capacity is not None]
@@ -201,6 +194,10 @@ class HostSet:
 
     def release(self, host: DockerHost) -> None:
         host.live -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        """Let waiting `reserve()` calls look again (a slot was freed or a ping ended)."""
         if self._released is not None:
             released, self._released = self._released, None
             released.set()
@@ -217,6 +214,7 @@ class HostSet:
             raise HostUnreachable(str(exc)) from None
         finally:
             host.probing = False
+            self._wake()
         came_back = host.down
         host.client, host.failures, host.retry_at = client, 0, 0.0
         if came_back:

@@ -69,8 +69,9 @@ class SandboxPool:
         self._last_error: BaseException | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._closing = False
+        # cold: started on the acquire path, not ahead; dropped: warm but no longer usable
         self.stats = {"started": 0, "start_failures": 0, "acquired": 0, "waited": 0,
-                      "cold_starts": 0, "dropped_unusable": 0}  # cold: started on the acquire path, not ahead
+                      "cold_starts": 0, "dropped_unusable": 0}
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def __aenter__(self) -> "SandboxPool":

@@ -215,8 +215,13 @@ async def with_job_tools(family: TaskFamily, job: JobConfig, run_id: str) -> Tas
 
     spec = family.instance(0, family.splits[0]).sandbox.model_copy(update={"files": {}})
     hosts = HostSet(job.sandbox.hosts) if job.sandbox.hosts else None
-    tools = await discover_tools(job.tools.mcp, spec, lambda s: make_sandbox(
-        s, backend=job.sandbox.backend, run_id=run_id, trajectory_id="mcp-list", hosts=hosts))
+    try:
+        tools = await discover_tools(job.tools.mcp, spec, lambda s: make_sandbox(
+            s, backend=job.sandbox.backend, run_id=run_id, trajectory_id="mcp-list",
+            hosts=hosts))
+    finally:
+        if hosts is not None:
+            hosts.close()
     return with_tools(family, tools)
 
 

@@ -166,7 +166,7 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
     engine_proc = learner_proc = None
     try:
         if job.sandbox.backend == "docker":  # fail before minutes of SFT, not after
-            await anyio.to_thread.run_sync(_check_docker)
+            await anyio.to_thread.run_sync(_check_docker, job)
         # children started from the main thread (the event loop's) die with this process
         model_dir = await ensure_model(job)
         if job.learner.sft.enabled and not resume:
@@ -210,18 +210,29 @@ async def with_job_tools(family: TaskFamily, job: JobConfig, run_id: str) -> Tas
     if not job.tools.mcp:
         return family
     from sandboxes.backends import make_sandbox
+    from sandboxes.hosts import HostSet
     from tasks.mcp import discover_tools, with_tools
 
     spec = family.instance(0, family.splits[0]).sandbox.model_copy(update={"files": {}})
-    tools = await discover_tools(job.tools.mcp, spec, lambda s: make_sandbox(
-        s, backend=job.sandbox.backend, run_id=run_id, trajectory_id="mcp-list"))
+    hosts = HostSet(job.sandbox.hosts) if job.sandbox.hosts else None
+    try:
+        tools = await discover_tools(job.tools.mcp, spec, lambda s: make_sandbox(
+            s, backend=job.sandbox.backend, run_id=run_id, trajectory_id="mcp-list",
+            hosts=hosts))
+    finally:
+        if hosts is not None:
+            hosts.close()
     return with_tools(family, tools)
 
 
-def _check_docker() -> None:
-    from sandboxes.engine import connect
+def _check_docker(job: JobConfig) -> None:
+    """Every configured Docker engine (or the default one) answers, else the run fails now."""
+    from sandboxes.engine import docker_host
+    from sandboxes.hosts import connected
 
-    connect(timeout_s=10.0).close()
+    for host in job.sandbox.hosts or [None]:
+        with connected(host.url if host else docker_host()):
+            pass
 
 
 def _remove_containers(job: JobConfig, run_id: str) -> None:
@@ -232,11 +243,16 @@ def _remove_containers(job: JobConfig, run_id: str) -> None:
     from sandboxes.api import SandboxError
     from sandboxes.cleanup import remove_all
 
-    try:
-        remove_all(run_id=run_id)
-    except SandboxError as exc:
-        log.warning("could not remove the run's containers; `stalewise sandbox cleanup` "
-                    "removes them once Docker answers", error=str(exc))
+    from sandboxes.engine import docker_host
+    from sandboxes.hosts import connected
+
+    for host in job.sandbox.hosts or [None]:
+        try:
+            with connected(host.url if host else docker_host()) as client:
+                remove_all(client, run_id=run_id)
+        except SandboxError as exc:
+            log.warning("could not remove the run's containers; `stalewise sandbox cleanup` "
+                        "removes them once Docker answers", error=str(exc))
 
 
 async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_dir: Path,
@@ -307,6 +323,8 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                        for r in results},
         "report": str(run_dir / "report.md"), "db": store.url,
     }
+    if pools.hosts is not None:
+        summary["sandbox_hosts"] = pools.hosts.summary()
     by_label = {r.label: (round(r.success_rate * r.instances), r.instances) for r in results}
     if {"before", "after"} <= set(by_label) and by_label["before"][1] > 0:
         summary["held_out_95"] = held_out_gain(by_label["before"], by_label["after"])

@@ -3,7 +3,8 @@
 Pools are async context managers that own background tasks, so they must be entered and left
 by the same task: `PoolSet.run` is that task (started in the job's task group); trajectories
 ask it for the pool of their task's spec and then acquire a container from it. Each trajectory
-gets its own fresh container (or a reset one with `reuse`).
+gets its own fresh container (or a reset one with `reuse`). With `[sandbox] hosts`, every pool
+places its containers through one shared `HostSet`, so a host's capacity counts all specs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from anyio.abc import TaskStatus
 
 from sandboxes.api import Sandbox, SandboxSpec
 from sandboxes.backends import open_pool
+from sandboxes.hosts import HostSet
 from sandboxes.pool import SandboxPool
 from stalewise.config import SandboxConfig
 
@@ -29,18 +31,22 @@ class PoolSet:
         self.cfg = cfg
         self.run_id = run_id
         self.is_run_finished = is_run_finished
+        self.hosts = (HostSet(cfg.hosts, is_run_finished=is_run_finished)
+                      if cfg.hosts and cfg.backend == "docker" else None)
         self._pools: dict[str, SandboxPool] = {}
         self._opening: dict[str, anyio.Event] = {}
         self._send, self._receive = anyio.create_memory_object_stream[tuple[str, SandboxSpec]](64)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with AsyncExitStack() as stack, self._receive:
+            if self.hosts is not None:
+                stack.callback(self.hosts.close)  # after every pool has closed
             task_status.started()
             async for key, spec in self._receive:
                 pool = open_pool(spec.model_copy(update={"files": {}}), backend=self.cfg.backend,
                                  run_id=self.run_id, size=self.cfg.pool_size,
                                  max_live=self.cfg.max_live, reuse=self.cfg.reuse,
-                                 is_run_finished=self.is_run_finished)
+                                 is_run_finished=self.is_run_finished, hosts=self.hosts)
                 self._pools[key] = await stack.enter_async_context(pool)
                 self._opening.pop(key).set()
 

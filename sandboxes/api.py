@@ -21,6 +21,10 @@ class SandboxError(Exception):
     """The sandbox itself failed (engine unreachable, container gone): an infrastructure error."""
 
 
+class HostUnreachable(SandboxError):
+    """A Docker engine did not answer (connection refused, socket gone, ssh failed)."""
+
+
 @dataclass(frozen=True)
 class ExecResult:
     exit_code: int | None

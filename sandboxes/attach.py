@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import anyio
 import anyio.abc
 
-from sandboxes.api import SandboxError
+from sandboxes.api import HostUnreachable, SandboxError
 
 MUX_HEADER = struct.Struct(">BxxxI")
 STDERR_KEEP = 65536
@@ -50,12 +50,16 @@ class AttachTransport:
 
 async def _connect(docker_host: str) -> anyio.abc.ByteStream:
     url = urlparse(docker_host)
-    if url.scheme == "unix":
-        return await anyio.connect_unix(url.path)
-    if url.scheme in ("tcp", "http"):
-        return await anyio.connect_tcp(url.hostname or "localhost", url.port or 2375)
+    try:
+        if url.scheme == "unix":
+            return await anyio.connect_unix(url.path)
+        if url.scheme in ("tcp", "http"):
+            return await anyio.connect_tcp(url.hostname or "localhost", url.port or 2375)
+    except OSError as exc:
+        raise HostUnreachable(f"Docker engine at {docker_host} refused the attach: {exc}") from None
     raise SandboxError(f"DOCKER_HOST={docker_host}: the attach transport supports unix:// and "
-                       "plain tcp:// engines; use a local unix socket (or an ssh tunnel to one)")
+                       "plain tcp:// engines (ssh:// hosts in [sandbox] hosts are forwarded to "
+                       "a local unix socket)")
 
 
 async def open_attach(docker_host: str, api_version: str, container_id: str) -> AttachTransport:

@@ -1,7 +1,9 @@
 """Choosing a backend and building pools: the entry points the orchestrator uses.
 
 `make_sandbox(spec, backend=...)` returns an unstarted sandbox; `open_pool(spec, ...)` returns a
-`SandboxPool` whose `on_start` removes this installation's orphaned containers. Backend "auto"
+`SandboxPool` whose `on_start` removes this installation's orphaned containers. Given a
+`HostSet` (`hosts=`), Docker sandboxes are spread over its engines and orphans are removed on
+each of them. Backend "auto"
 uses Docker when the engine answers and otherwise falls back to the local process backend,
 logging a loud warning that the fallback is not isolation.
 """
@@ -12,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Literal
 
 from sandboxes.api import Sandbox, SandboxError, SandboxSpec
+from sandboxes.hosts import HostSet
 from sandboxes.labels import RunFinished
 from sandboxes.pool import SandboxPool
 
@@ -42,9 +45,14 @@ def resolve_backend(backend: Backend) -> tuple[Literal["docker", "local"],
 def make_sandbox(spec: SandboxSpec | None = None, *, backend: Backend = "docker",
                  run_id: str = "adhoc", trajectory_id: str | None = None,
                  client: "docker.DockerClient | None" = None,
-                 runtime: str | None = None) -> Sandbox:
+                 runtime: str | None = None, hosts: HostSet | None = None) -> Sandbox:
     """An unstarted sandbox; use it with `async with` (or `start()` / `close()`)."""
     spec = spec or SandboxSpec()
+    if hosts is not None and backend != "local":
+        from sandboxes.docker_backend import DockerSandbox
+
+        return DockerSandbox(spec, run_id=run_id, trajectory_id=trajectory_id, runtime=runtime,
+                             hosts=hosts)
     kind = "docker" if client is not None and backend != "local" else None
     if kind is None:
         kind, client = resolve_backend(backend)
@@ -61,9 +69,16 @@ def make_sandbox(spec: SandboxSpec | None = None, *, backend: Backend = "docker"
 def open_pool(spec: SandboxSpec | None = None, *, backend: Backend = "docker",
               run_id: str = "adhoc", size: int = 4, max_live: int = 16,
               reuse: bool = False, is_run_finished: RunFinished | None = None,
-              runtime: str | None = None, start_concurrency: int = 4) -> SandboxPool:
+              runtime: str | None = None, start_concurrency: int = 4,
+              hosts: HostSet | None = None) -> SandboxPool:
     """A pool for `spec`; enter it with `async with`. Orphans are removed when it opens."""
     spec = spec or SandboxSpec()
+    if hosts is not None and backend != "local":
+        def on_hosts() -> Sandbox:
+            return make_sandbox(spec, run_id=run_id, runtime=runtime, hosts=hosts)
+
+        return SandboxPool(on_hosts, size=size, max_live=max_live, reuse=reuse,
+                           on_start=hosts.remove_orphans, start_concurrency=start_concurrency)
     kind, client = resolve_backend(backend)
 
     def factory() -> Sandbox:

@@ -7,6 +7,11 @@ to its stdin/stdout, starts it, sends the agent source, and waits for the agent'
 calls run in worker threads (`anyio.to_thread`); exec round trips go over the async attach
 stream and never touch a thread.
 
+With a `HostSet` (several engines, `sandboxes.hosts`) `start()` first takes a slot on the
+least-loaded reachable host (waiting while all are full), connects to it, and makes the spec's
+image present there; the slot is given back when the sandbox closes or fails to start. An
+engine that stops answering raises `HostUnreachable` and is marked down in the set.
+
 Guarantees: a sandbox that fails to start leaves no container behind and raises `SandboxError`
 with the engine's or the agent's words; `close()` is idempotent and safe after the container
 died; a started container dies on its own when this process dies (its agent exits on stdin EOF)
@@ -25,11 +30,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from sandboxes import labels as lab
-from sandboxes.api import SandboxError, SandboxSpec
+from sandboxes.api import HostUnreachable, SandboxError, SandboxSpec
 from sandboxes.attach import AttachTransport, open_attach
 from sandboxes.channel import AgentChannel, AgentGone, AgentRequestError
 from sandboxes.engine import connect, docker_host
 from sandboxes.hardening import container_config
+from sandboxes.hosts import DockerHost, HostSet
 from sandboxes.image import ensure_image
 from sandboxes.session import AgentSession, SessionSandbox
 
@@ -53,7 +59,7 @@ class DockerSandbox(SessionSandbox):
                  client: "docker.DockerClient | None" = None,
                  run_id: str = "adhoc", trajectory_id: str | None = None,
                  runtime: str | None = None, start_timeout_s: float = 60.0,
-                 shell: tuple[str, ...] = ("bash", "-c")) -> None:
+                 shell: tuple[str, ...] = ("bash", "-c"), hosts: HostSet | None = None) -> None:
         self.spec = spec or SandboxSpec()
         self.run_id = run_id
         self.trajectory_id = trajectory_id
@@ -63,6 +69,10 @@ class DockerSandbox(SessionSandbox):
         self.container_id: str | None = None
         self.name: str | None = None
         self._client = client
+        self._hosts = hosts
+        self.host: DockerHost | None = None  # the engine it runs on, with a HostSet
+        self._holds_slot = False
+        self._host_epoch = 0  # the host's `went_down` count when this sandbox was placed
         self._transport: AttachTransport | None = None
         self._session: AgentSession | None = None
         self._closed = False
@@ -71,22 +81,54 @@ class DockerSandbox(SessionSandbox):
     async def start(self) -> None:
         if self._session is not None or self._closed:
             raise SandboxError("DockerSandbox.start() called twice; create a new sandbox instead")
+        if self._hosts is not None:
+            await self._place(self._hosts)
         try:
             with anyio.fail_after(self.start_timeout_s):
                 await self._start()
+        except HostUnreachable as exc:
+            self._host_failed(exc)
+            with anyio.CancelScope(shield=True):
+                await self._discard(quiet=True)
+            raise
         except TimeoutError:
-            await self._discard()
+            await self._discard(quiet=True)
             raise SandboxError(f"sandbox did not start within {self.start_timeout_s:.0f} s "
                                f"({self._agent_stderr() or 'no agent output'})") from None
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await self._discard()
+                await self._discard(quiet=True)
             raise
+
+    async def _place(self, hosts: HostSet) -> None:
+        """Take a slot on a reachable host (may wait for room); `_discard` gives it back."""
+        host = await hosts.reserve()
+        self.host, self._holds_slot, self._client = host, True, host.client
+        self._host_epoch = host.stats["went_down"]
+
+    def _host_failed(self, exc: BaseException) -> None:
+        if self._hosts is not None and self.host is not None and not self.host.down:
+            self._hosts.mark_down(self.host, exc)
+
+    @property
+    def host_url(self) -> str:
+        return self.host.api_url if self.host is not None else docker_host()
+
+    @property
+    def usable(self) -> bool:
+        """False once its agent is gone or its host went down since it started (a pool then
+        drops it, even when the host has come back: the container went with the engine)."""
+        gone = self._session is None or self._session.channel.gone is not None
+        host_lost = self.host is not None and (
+            self.host.down or self.host.stats["went_down"] != self._host_epoch)
+        return not (self._closed or gone or host_lost)
 
     async def _start(self) -> None:
         if self._client is None:
             self._client = await anyio.to_thread.run_sync(connect)
         client: "docker.DockerClient" = self._client
+        if self._hosts is not None and self.host is not None:
+            await self._hosts.ensure_image(self.host, self.spec)
         if self.spec.build is not None:
             await anyio.to_thread.run_sync(
                 functools.partial(ensure_image, self.spec.image, self.spec.build, client=client))
@@ -96,7 +138,7 @@ class DockerSandbox(SessionSandbox):
         kwargs = container_config(client.api, self.spec, labels=labels, name=self.name,
                                   runtime=self.runtime)
         self.container_id = await self._engine("create", client.api.create_container, **kwargs)
-        self._transport = await open_attach(docker_host(), client.api.api_version,
+        self._transport = await open_attach(self.host_url, client.api.api_version,
                                             self.container_id)
         channel = AgentChannel(self._transport, self._why_gone)
         await self._engine("start", client.api.start, self.container_id)
@@ -129,7 +171,8 @@ class DockerSandbox(SessionSandbox):
         except docker.errors.APIError as exc:
             raise SandboxError(f"docker {what} failed for {self.name}: {exc}") from None
         except OSError as exc:
-            raise SandboxError(f"docker engine unreachable during {what}: {exc}") from None
+            raise HostUnreachable(f"Docker engine {self.host_url} unreachable during {what}: "
+                                  f"{exc}") from None
         if what == "create":
             return str(result["Id"])
         return result
@@ -141,14 +184,27 @@ class DockerSandbox(SessionSandbox):
 
     def _why_gone(self) -> str:
         tail = self._agent_stderr()
-        return (f"container {self.name} stopped (killed, out of memory, TTL reached, or its "
-                f"agent exited)" + (f"; agent said: {tail}" if tail else ""))
+        host = f" on Docker host {self.host.url}" if self.host is not None else ""
+        return (f"container {self.name}{host} stopped (killed, out of memory, TTL reached, its "
+                f"agent exited, or its engine went away)" + (f"; agent said: {tail}" if tail
+                                                             else ""))
 
-    async def _discard(self) -> None:
-        if self._transport is not None:
-            await self._transport.aclose()
-        if self.container_id is not None and self._client is not None:
-            await anyio.to_thread.run_sync(_remove_quietly, self._client, self.container_id)
+    async def _discard(self, *, quiet: bool = False) -> None:
+        """Drop the attach stream and the container, and give the host slot back. `quiet`: an
+        engine that went away is only recorded (the start's own error is the one to raise)."""
+        try:
+            if self._transport is not None:
+                await self._transport.aclose()
+            if self.container_id is not None and self._client is not None:
+                await anyio.to_thread.run_sync(_remove_quietly, self._client, self.container_id)
+        except HostUnreachable as exc:
+            self._host_failed(exc)
+            if not quiet:
+                raise
+        finally:
+            if self._holds_slot and self.host is not None and self._hosts is not None:
+                self._holds_slot = False
+                self._hosts.release(self.host)
 
     async def close(self) -> None:
         if self._closed:
@@ -191,6 +247,8 @@ def _remove_quietly(client: "docker.DockerClient", container_id: str) -> None:
     except docker.errors.APIError as exc:
         if exc.status_code != 409:  # 409: removal already in progress (auto-remove)
             raise SandboxError(f"could not remove container {container_id[:12]}: {exc}") from None
+    except OSError as exc:  # the engine went away; its containers went (or go) with it
+        raise HostUnreachable(f"could not remove container {container_id[:12]}: {exc}") from None
 
 
 __all__ = ["DockerSandbox", "AgentRequestError", "container_name"]

@@ -24,18 +24,21 @@ def docker_host() -> str:
     return os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
 
 
-def connect(*, timeout_s: float = 60.0, max_pool_size: int = 128) -> "docker.DockerClient":
-    """A docker client for the engine at `docker_host()`, pinged once; `SandboxError` if down."""
+def connect(*, url: str | None = None, timeout_s: float = 60.0,
+            max_pool_size: int = 128) -> "docker.DockerClient":
+    """A docker client for the engine at `url` (default `docker_host()`), pinged once;
+    `SandboxError` if down. For an ssh:// engine use `sandboxes.hosts` (a local forward)."""
     import docker
     import docker.errors
 
+    url = url or docker_host()
     try:
-        client = docker.DockerClient(base_url=docker_host(), timeout=int(timeout_s),
+        client = docker.DockerClient(base_url=url, timeout=int(timeout_s),
                                      max_pool_size=max_pool_size)
         client.ping()
     except (docker.errors.DockerException, OSError) as exc:
         raise SandboxError(
-            f"Docker engine not reachable at {docker_host()}: {exc}. {START_HINT}, "
+            f"Docker engine not reachable at {url}: {exc}. {START_HINT}, "
             "or use the local process backend (`[sandbox] backend = \"local\"` in a job, "
             "`--backend local` on the command line; not isolation)."
         ) from exc

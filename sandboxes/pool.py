@@ -9,6 +9,8 @@ Guarantees:
 - at most `max_live` sandboxes exist at once (warm, starting, in use and closing together);
 - the pool keeps up to `size` started sandboxes ready ("start-ahead"), starting at most
   `start_concurrency` at a time, so `acquire` normally returns without waiting for an engine;
+- a warm sandbox that reports `usable = False` (its agent or its Docker host is gone) is closed
+  instead of handed out;
 - each `acquire` hands out a sandbox nobody used before, and closes it on exit, unless
   `reuse=True`, in which case it is reset (processes killed, work dir and /tmp emptied, spec files
   restored) and returned to the pool, or closed if the reset fails;
@@ -67,8 +69,9 @@ class SandboxPool:
         self._last_error: BaseException | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._closing = False
+        # cold: started on the acquire path, not ahead; dropped: warm but no longer usable
         self.stats = {"started": 0, "start_failures": 0, "acquired": 0, "waited": 0,
-                      "cold_starts": 0}  # cold: started on the acquire path, not ahead
+                      "cold_starts": 0, "dropped_unusable": 0}
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def __aenter__(self) -> "SandboxPool":
@@ -164,6 +167,10 @@ class SandboxPool:
             if self._warm:
                 sandbox = self._warm.popleft()
                 self._notify()  # the fill loop starts a replacement
+                if not getattr(sandbox, "usable", True):
+                    self.stats["dropped_unusable"] += 1
+                    self._tg.start_soon(self._close, sandbox)
+                    continue
                 break
             if self._live < self.max_live:
                 self._live += 1

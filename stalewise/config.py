@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from learner.config import LearnerConfig
+from sandboxes.host_config import DockerHostConfig, check_distinct
 from stalewise.config_base import ConfigSection as Section
 from stalewise.config_errors import ConfigError, read_toml, validate
 from stalewise.engine_api import KvPolicy
@@ -60,12 +61,19 @@ class SandboxConfig(Section):
     pool_size: int = Field(8, ge=0, description="warm containers kept ready per task spec")
     max_live: int = Field(64, ge=1, description="containers alive at once at most, per spec")
     reuse: bool = Field(False, description="reuse containers after a reset (opt-in)")
+    hosts: list[DockerHostConfig] = Field(
+        default_factory=list, description="Docker engines to spread sandboxes over, each a URL "
+        "or { url, capacity }; empty: the engine at $DOCKER_HOST (docs/sandboxes.md)")
 
     @model_validator(mode="after")
     def _pool_fits(self) -> "SandboxConfig":
         if self.pool_size > self.max_live:
             raise ValueError(f"sandbox.pool_size ({self.pool_size}) exceeds sandbox.max_live "
                              f"({self.max_live}); lower pool_size or raise max_live")
+        if self.hosts and self.backend != "docker":
+            raise ValueError("sandbox.hosts lists Docker engines but sandbox.backend is "
+                             f"{self.backend!r}; set backend = \"docker\" or remove hosts")
+        check_distinct(self.hosts)
         return self
 
 

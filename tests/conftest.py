@@ -129,3 +129,27 @@ def smollm2_dir() -> Path:
     if not (SMOLLM2_DIR / "model.safetensors").is_file():
         pytest.fail(f"{SMOLLM2_DIR} is missing; build it with: bash scripts/fetch_models.sh")
     return SMOLLM2_DIR
+
+
+@pytest.fixture(scope="session")
+def _second_dockerd():
+    """One second Docker engine per test session (scripts/second_dockerd.sh), stopped at the
+    end; it holds stalewise-base (copied from the first engine)."""
+    from docker_hosts import SecondDockerd
+    from sandboxes.image import build_base
+
+    build_base(log=lambda line: None)
+    engine = SecondDockerd()
+    try:
+        engine.start()
+        engine.import_images("stalewise-base:latest")
+        yield engine
+    finally:
+        engine.stop()
+
+
+@pytest.fixture
+def second_docker_host(_second_dockerd):
+    """The session's second Docker engine, running (restarted if an earlier test killed it)."""
+    _second_dockerd.start()
+    return _second_dockerd

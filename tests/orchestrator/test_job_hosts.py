@@ -1,0 +1,97 @@
+"""`stalewise run` with sandboxes on two Docker engines, one of which is lost mid-job.
+
+Contract: with `[sandbox] hosts` listing the first engine (capacity 1) and a second dockerd
+(capacity 8), containers run on both; SIGKILLing the second engine (dockerd, containerd, shims
+and containers) while trajectories use it ends those trajectories as infrastructure errors
+(`infra_error`, naming the host), none of them reaches the learner, the job finishes on the
+first engine with every learner step done and each admitted trajectory consumed exactly once,
+and the run's summary counts the lost host.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from test_job_faults import (check_exactly_once, learner_steps, open_store, running, start,
+                             wait_for, write_config)
+
+from sandboxes.cleanup import list_containers
+from sandboxes.labels import RUN_ID
+from stalewise.store import schema as s
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    from engine.tiny import init_tiny
+
+    return init_tiny(tmp_path_factory.mktemp("model") / "tiny")
+
+
+def _containers_on(engine, run_id: str) -> list[dict]:
+    client = engine.client()
+    try:
+        return client.api.containers(filters={"label": f"{RUN_ID}={run_id}"})
+    finally:
+        client.close()
+
+
+def test_losing_the_second_docker_engine_mid_job_fails_only_its_trajectories(
+        tmp_path, model_dir, second_docker_host):
+    # docs/tasks.md's example family: its trajectories write files into their sandbox when
+    # they start and read one back to verify, so a lost sandbox cannot go unnoticed
+    example = Path(__file__).resolve().parents[2] / "examples" / "my_task.py"
+    config = write_config(tmp_path, model_dir, steps=STEPS, family=f"{example}:family",
+                          options="{ max_lines = 6 }")
+    text = config.read_text().replace("[sandbox]\n", "[sandbox]\nhosts = [\n"
+                                      '  { url = "unix:///var/run/docker.sock", capacity = 1 },\n'
+                                      f'  {{ url = "{second_docker_host.url}", capacity = 8 }},\n'
+                                      "]\n")
+    config.write_text(text)
+    proc = start(config)
+    try:
+        wait_for(lambda: open_store(tmp_path) is not None and learner_steps(tmp_path) >= 1
+                 and running(tmp_path), 300, "a learner step with trajectories in flight")
+        store = open_store(tmp_path)
+        run_id = store.runs()[0].id
+        wait_for(lambda: len(_containers_on(second_docker_host, run_id)) >= 2, 120,
+                 "containers of the run on the second engine")
+        second_docker_host.kill()
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output
+    run = store.run(run_id)
+    assert run.status == "finished" and run.summary["learner_steps"] == STEPS
+    check_exactly_once(store, run_id, steps=STEPS)
+    with store.engine.connect() as c:
+        lost = c.execute(select(s.Trajectory.id, s.Trajectory.error).where(
+            s.Trajectory.run_id == run_id, s.Trajectory.status == "infra_error")).all()
+        admitted = set(c.execute(select(s.StreamEntry.trajectory_id)
+                                 .where(s.StreamEntry.run_id == run_id)).scalars())
+        statuses = c.execute(select(s.Trajectory.status, s.Trajectory.error).where(
+            s.Trajectory.run_id == run_id)).all()
+    assert lost, (f"no trajectory ended as an infrastructure error: hosts "
+                  f"{run.summary.get('sandbox_hosts')}, trajectories {statuses}, output:\n"
+                  + output[-3000:])
+    assert all(second_docker_host.url in (t.error or "") for t in lost), [t.error for t in lost]
+    assert not admitted & {t.id for t in lost}, "an infrastructure error reached the learner"
+    hosts = run.summary["sandbox_hosts"]
+    assert hosts[second_docker_host.url]["went_down"] == 1
+    assert hosts["unix:///var/run/docker.sock"]["went_down"] == 0
+    report = json.loads((tmp_path / "runs" / run_id / "report.json").read_text())
+    assert any("infra_error" in k for k in run.summary["admission"]), run.summary["admission"]
+    assert report["summary"]["sandbox_hosts"] == hosts
+    from sandboxes.engine import connect
+
+    first = connect()
+    wait_for(lambda: not list_containers(first, run_id=run_id), 60,
+             "the run's containers on the first engine to be removed")
+    first.close()
+    store.close()

@@ -1,0 +1,189 @@
+"""Sandboxes on several Docker engines: `[sandbox] hosts`, placement, capacity, a lost engine.
+
+The second engine is a real dockerd on this machine (tests/docker_hosts.py,
+scripts/second_dockerd.sh), so placement, image copies, container labels and a lost host are
+exercised against two real engines.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import tomllib
+import uuid
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import anyio
+from anyio import wait_all_tasks_blocked
+import pytest
+
+from sandboxes.api import HostUnreachable, SandboxSpec
+from sandboxes.backends import open_pool
+from sandboxes.cleanup import list_containers
+from sandboxes.engine import connect, docker_host
+from sandboxes.host_config import DockerHostConfig
+from sandboxes.hosts import HostSet, SshForward
+from sandboxes.image import build_image, image_exists
+from stalewise.config import parse_config
+from stalewise.config_errors import ConfigError
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # the Docker backend's blocking SDK calls run in asyncio worker threads
+HOSTS_TOML = """
+[sandbox]
+hosts = [
+  { url = "unix:///var/run/docker.sock", capacity = 16 },
+  "tcp://10.0.0.5:2375",
+  { url = "ssh://user@gpu-box", capacity = 4 },
+]
+"""
+
+
+def test_hosts_setting_takes_urls_and_tables_with_capacity():
+    cfg = parse_config(tomllib.loads(HOSTS_TOML)).sandbox
+    assert [(h.url, h.capacity) for h in cfg.hosts] == [
+        ("unix:///var/run/docker.sock", 16), ("tcp://10.0.0.5:2375", None),
+        ("ssh://user@gpu-box", 4)]
+    assert parse_config({}).sandbox.hosts == []  # default: the one engine at $DOCKER_HOST
+
+
+@pytest.mark.parametrize("sandbox, words", [
+    ({"hosts": ["http://box:2375"]}, "use unix:///path/to/docker.sock"),
+    ({"hosts": ["tcp://"]}, "name the machine"),
+    ({"hosts": [{"url": "tcp://a:2375", "capacity": 0}]}, "greater than or equal to 1"),
+    ({"hosts": ["tcp://a:2375", {"url": "tcp://a:2375", "capacity": 2}]}, "listed twice"),
+    ({"hosts": ["tcp://a:2375"], "backend": "local"}, 'set backend = "docker"'),
+])
+def test_bad_hosts_are_refused_saying_how_to_fix_them(sandbox, words):
+    with pytest.raises(ConfigError) as err:
+        parse_config({"sandbox": sandbox})
+    assert words in str(err.value)
+
+
+async def test_when_no_engine_answers_placement_fails_at_once_naming_each(tmp_path):
+    hosts = HostSet.from_urls([f"unix://{tmp_path}/a.sock", f"unix://{tmp_path}/b.sock"])
+    with pytest.raises(HostUnreachable) as err:
+        await hosts.reserve()
+    assert "a.sock" in str(err.value) and "b.sock" in str(err.value)
+    assert all(h.down and h.live == 0 for h in hosts.hosts)
+
+
+def test_an_ssh_host_that_refuses_fails_with_the_ssh_error(tmp_path):
+    """ssh:// hosts go through a local `ssh -N -L` forward; a host that does not answer is
+    a `HostUnreachable` with ssh's own words, and leaves no tunnel or socket behind."""
+    forward = SshForward("ssh://nobody@127.0.0.1:1/run/docker.sock")
+    assert forward.argv()[-4:] == ["-L", f"{forward.local}:/run/docker.sock", "--",
+                                   "nobody@127.0.0.1"]
+    with pytest.raises(HostUnreachable) as err:
+        forward.open(timeout_s=60)
+    assert "ssh tunnel to nobody@127.0.0.1 failed" in str(err.value)
+    assert "refused" in str(err.value)
+    assert forward._process is None and not Path(forward.local).exists()
+
+
+def _build_marker_image(tmp_path, tag: str) -> None:
+    (tmp_path / "Dockerfile").write_text(textwrap.dedent("""\
+        FROM stalewise-base:latest
+        USER root
+        RUN echo from-host-one > /marker
+        USER 1000:1000
+        """))
+    build_image(tmp_path, tag)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_a_pool_spreads_over_two_engines_within_capacity_copying_the_image(
+        tmp_path, second_docker_host, isolated_installation):
+    """Placement by load (live / capacity), a host's capacity across the pool, and the spec's
+    image copied to the engine that lacks it."""
+    tag = "stalewise-test-hosts:latest"
+    _build_marker_image(tmp_path, tag)
+    second = second_docker_host.client()
+    if image_exists(second, tag):
+        second.images.remove(tag, force=True)
+    run_id = f"hosts-{uuid.uuid4().hex[:8]}"
+    hosts = HostSet([DockerHostConfig(url=docker_host(), capacity=2),
+                     DockerHostConfig(url=second_docker_host.url, capacity=3)])
+    holding = anyio.Event()
+    markers: list[str] = []
+    async with open_pool(SandboxSpec(image=tag), run_id=run_id, size=0, max_live=8,
+                         hosts=hosts) as pool:
+        async def hold(index: int) -> None:
+            async with pool.acquire(trajectory_id=f"t{index}") as sandbox:
+                markers.append((await sandbox.exec("cat /marker")).stdout.strip())
+                await holding.wait()
+
+        async with anyio.create_task_group() as tg:
+            for index in range(5):
+                tg.start_soon(hold, index)
+            with anyio.fail_after(300):  # a hang guard: five starts and one image copy
+                while len(markers) < 5:
+                    await anyio.sleep(0.2)
+            first = connect()
+            assert len(list_containers(first, run_id=run_id)) == 2
+            assert len(list_containers(second, run_id=run_id)) == 3
+            assert [h.live for h in hosts.hosts] == [2, 3]
+            sixth = anyio.Event()
+
+            async def one_more() -> None:
+                async with pool.acquire(trajectory_id="t6"):
+                    sixth.set()
+
+            tg.start_soon(one_more)
+            with anyio.fail_after(60):  # hang guard: the pool reserves its slot at once
+                while pool.live < 6:
+                    await anyio.sleep(0.05)
+            await wait_all_tasks_blocked()  # the sixth now waits for a host slot
+            assert not sixth.is_set(), "a sixth sandbox started beyond the hosts' capacity"
+            assert [h.live for h in hosts.hosts] == [2, 3]
+            holding.set()
+            with anyio.fail_after(120):
+                await sixth.wait()
+    assert markers == ["from-host-one"] * 5
+    assert hosts.hosts[1].stats["images_copied"] == 1 and image_exists(second, tag)
+    assert sum(h.stats["placed"] for h in hosts.hosts) == 6
+    second.close()
+    first.close()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_a_lost_engine_fails_its_sandboxes_and_is_retried_with_backoff(
+        second_docker_host, isolated_installation):
+    """Kill the second engine under a live sandbox: that sandbox's next call reports the
+    container gone, the engine is marked down, new sandboxes go to the first engine, and once
+    the engine is back (after its backoff) sandboxes are placed on it again."""
+    run_id = f"hosts-{uuid.uuid4().hex[:8]}"
+    hosts = HostSet([DockerHostConfig(url=docker_host()),
+                     DockerHostConfig(url=second_docker_host.url)], base_backoff_s=0.5)
+    one, two = hosts.hosts
+    async with open_pool(SandboxSpec(), run_id=run_id, size=0, max_live=8,
+                         hosts=hosts) as pool:
+        async with pool.acquire() as on_one, pool.acquire() as on_two:
+            assert (on_one.host, on_two.host) == (one, two)
+            second_docker_host.kill()
+            lost = await on_two.exec("echo hi")
+            assert lost.error_type == "container_died" and second_docker_host.url in \
+                lost.error_message
+            assert (await on_one.exec("echo hi")).stdout == "hi\n"
+        for _ in range(3):
+            async with pool.acquire() as sandbox:
+                assert sandbox.host is one
+        assert two.down and two.stats["went_down"] == 1 and two.stats["lost"] >= 1
+        assert one.stats["went_down"] == 0
+
+        second_docker_host.start()
+        async with AsyncExitStack() as held:  # hold them all, so the loads keep growing
+            with anyio.fail_after(120):  # hang guard: backoff doubles from 0.5 s, capped at 30
+                while True:
+                    sandbox = await held.enter_async_context(pool.acquire())
+                    if sandbox.host is two:
+                        assert (await sandbox.exec("echo back")).stdout == "back\n"
+                        break
+                    await anyio.sleep(0.2)
+    assert not two.down and two.stats["came_back"] == 1

@@ -9,11 +9,11 @@ recorded), trajectories per second, CPU seconds per turn, and peak trajectories 
 
 With `--replicas 1,2,4` the engine is that many scripted replicas behind the replica router
 (`orchestrator.replicas`), each with finite capacity (`--slots` requests decoding at once, as
-an engine's batch): printed per replica count are turns/s and the router's own time per request
-(choosing the replica and its bookkeeping).
+an engine's batch): printed per replica count are turns/s and the router's own CPU time per
+request (choosing the replica and its bookkeeping, thread CPU time).
 
     .venv/bin/python bench/orchestrator.py [--concurrent 1000] [--seconds 20]
-    .venv/bin/python bench/orchestrator.py --replicas 1,2,4 [--slots 64] [--seconds 10]
+    .venv/bin/python bench/orchestrator.py --replicas 1,2,4 [--slots 16] [--seconds 10]
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--tool-s", type=float, default=0.2, help="median latency of a tool call")
     parser.add_argument("--replicas", type=str, default=None,
                         help="comma-separated replica counts, e.g. 1,2,4 (router benchmark)")
-    parser.add_argument("--slots", type=int, default=64,
+    parser.add_argument("--slots", type=int, default=16,
                         help="requests one replica serves at once (with --replicas)")
     args = parser.parse_args()
     tune_gc_for_concurrency()  # as `stalewise run` does
@@ -166,12 +166,13 @@ def replica_table(args, counts: list[int]) -> None:
           f"scripted replicas of {args.slots} slots, model call {args.engine_s} s, tool median "
           f"{args.tool_s} s, {args.seconds:.0f} s window")
     print(f"  {'replicas':>8}  {'turns/s':>9}  {'trajectories/s':>14}  {'CPU ms/turn':>11}  "
-          f"{'routing us/request':>18}")
+          f"{'CPU busy':>8}  {'routing us/request':>18}")
     for count in counts:
         with tempfile.TemporaryDirectory() as directory:
             r = anyio.run(measure, args, directory, count)
         print(f"  {count:>8}  {r['turns_per_s']:>9,.0f}  {r['trajectories_per_s']:>14,.1f}  "
-              f"{r['cpu_ms_per_turn']:>11.3f}  {r['route_us']:>18.1f}", flush=True)
+              f"{r['cpu_ms_per_turn']:>11.3f}  {100 * r['cpu_share']:>7.0f}%  "
+              f"{r['route_us']:>18.1f}", flush=True)
 
 
 if __name__ == "__main__":

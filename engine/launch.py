@@ -4,7 +4,9 @@ Torch-free: the orchestrator imports this module. Two launchers share one shape:
 
 - `EngineProcess.start(model_dir, ...)` runs `python -m engine serve` (the same command as
   `stalewise engine serve`) on a free port chosen by the OS (no port race: the server binds
-  port 0 and writes the bound port to a file), then polls `/health`.
+  port 0 and writes the bound port to a file), then polls `/health`. `EngineProcess.spawn`
+  is the same without the wait: it forks the child and returns a `PendingEngine`, whose
+  `ready()` does the waiting (from any thread; the job restarts engine replicas this way).
 - `VllmProcess.start(model_dir, ...)` runs `vllm serve` with what stalewise needs: processed
   log-probs (`--logprobs-mode processed_logprobs`), the stalewise worker extension for weight
   reloads, development routes (`VLLM_SERVER_DEV_MODE=1`: /pause, /resume, /collective_rpc,

@@ -388,7 +388,8 @@ class ReplicaRouter:
                                 reports=tuple(reports[i] for i in sorted(reports)),
                                 skipped=tuple(sorted(errors)))
 
-    async def _each(self, call: Callable[[ReplicaClient], Awaitable[Any]]) -> list[Any]:
+    async def _each(self, call: Callable[[Any], Awaitable[Any]]) -> dict[int, Any]:
+        """`call(client)` on every up replica at once: results by replica index."""
         results: dict[int, Any] = {}
 
         async def one(replica: Replica) -> None:
@@ -398,23 +399,22 @@ class ReplicaRouter:
             for replica in self.replicas:
                 if replica.up:
                     tg.start_soon(one, replica)
-        return [results[i] for i in sorted(results)]
+        return results
 
     async def pause(self, mode: PauseMode = "keep") -> None:
-        await self._each(lambda c: c.pause(mode))  # type: ignore[attr-defined]
+        await self._each(lambda c: c.pause(mode))
 
     async def resume(self) -> None:
-        await self._each(lambda c: c.resume())  # type: ignore[attr-defined]
+        await self._each(lambda c: c.resume())
 
     async def abort(self, request_id: str | None = None) -> int:
-        return sum(await self._each(lambda c: c.abort(request_id)))  # type: ignore[attr-defined]
+        return sum((await self._each(lambda c: c.abort(request_id))).values())
 
     async def metrics(self) -> dict[str, float]:
         """Every replica's metrics, keyed `replica<i>/<name>`, and the router's counters."""
         merged: dict[str, float] = {}
-        for replica, values in zip([r for r in self.replicas if r.up],
-                                   await self._each(lambda c: c.metrics())):  # type: ignore[attr-defined]
-            merged.update({f"replica{replica.index}/{k}": v for k, v in values.items()})
+        for index, values in sorted((await self._each(lambda c: c.metrics())).items()):
+            merged.update({f"replica{index}/{k}": v for k, v in values.items()})
         merged.update({"router/replicas_up": float(sum(r.up for r in self.replicas)),
                        "router/retries": float(self.stats.retries),
                        "router/moved_sessions": float(self.stats.moved_sessions),
@@ -429,7 +429,7 @@ class ReplicaRouter:
         return False
 
     async def wait_ready(self, timeout: float = 120.0) -> None:
-        await self._each(lambda c: c.wait_ready(timeout))  # type: ignore[attr-defined]
+        await self._each(lambda c: c.wait_ready(timeout))
 
     # ---- what the job reads once --------------------------------------------------------
     @property
@@ -441,11 +441,12 @@ class ReplicaRouter:
         return self._version
 
     async def model_name(self) -> str:
-        return await self.replicas[0].client.model_name()  # type: ignore[attr-defined]
+        client: Any = self.replicas[0].client
+        return await client.model_name()
 
     async def max_model_len(self) -> int | None:
         """The smallest context window of the replicas (None when none reports one)."""
-        lengths = [n for n in await self._each(lambda c: c.max_model_len())  # type: ignore[attr-defined]
+        lengths = [n for n in (await self._each(lambda c: c.max_model_len())).values()
                    if n is not None]
         return min(lengths) if lengths else None
 

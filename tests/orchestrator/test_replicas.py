@@ -278,3 +278,19 @@ async def test_an_update_refused_by_an_answering_replica_is_an_error():
     with pytest.raises(EngineError, match="not applied on every replica: checkpoint not found"):
         await router.update_weights("/missing", 1, mode="inflight", kv="recompute")
     assert router.weights_version == 0 and router.replicas[1].up
+
+
+async def test_a_pinned_request_prefers_a_replica_that_holds_its_version():
+    """A restarted replica holds only the newest version: a new trajectory pinned to an older
+    one goes to a replica that still holds it, though the restarted one is first in line."""
+    router, fakes = router_of(3)
+    await router.update_weights("/ckpt/v1", 1, mode="pin", kv="recompute")
+    fakes[0].resident = {1}
+    router.replicas[0].versions = {1}             # as after a restart at v1
+    old = await router.pinned(0).generate(turn("old/0", [1, 1]))  # all idle: r0 would win
+    assert old.engine_id == "r1" and set(old.tokens.weights_versions.tolist()) == {0}
+    fakes[1].dead = fakes[2].dead = True
+    with pytest.raises(EngineError, match="retry on replica 2 failed too"):
+        await router.pinned(0).generate(turn("old/0", [1, 1, 5, 6, STOP, 9]))
+    with pytest.raises(VersionNotResidentError):  # only r0 is left, and it lacks v0
+        await router.pinned(0).generate(turn("old/0", [1, 1, 5, 6, STOP, 9]))

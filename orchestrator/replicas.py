@@ -192,8 +192,8 @@ class ReplicaRouter:
 
     # ---- routing -------------------------------------------------------------------------
     def _route(self, request: GenerateRequest) -> Replica:
-        """The replica for `request` (affinity, else least outstanding tokens); counts the
-        request's tokens on it. Raises `EngineError` when no replica is up."""
+        """The replica for `request`: its session's, else the one with the fewest outstanding
+        tokens (the session then sticks to it). Raises `EngineError` when no replica is up."""
         session = request.session_id
         replica = self._session_replica.get(session) if session else None
         if replica is None or not replica.up:
@@ -287,6 +287,11 @@ class ReplicaRouter:
         self.stats.replicas_down += 1
         log.warning("engine replica down; its sessions move to the others", replica=replica.name,
                     reason=reason, in_flight=len(replica.in_flight), sessions=replica.sessions)
+        # moved now, not on their next turn: the replica may be back (restarted, its KV gone)
+        # by then, and their next call must still be recorded as a recompute
+        failure = _ReplicaFailed(replica, reason)
+        for session in [s for s, r in self._session_replica.items() if r is replica]:
+            self._move(session, failure)
         for scope in list(replica.in_flight):
             scope.cancel()
 

@@ -234,6 +234,7 @@ async def test_a_restarted_replica_comes_back_at_the_newest_weights():
         return fresh
 
     router, fakes = router_of(2, restart=restart)
+    await conversation(router, "before/0", turns=1)  # on r0
     await router.update_weights("/ckpt/v3", 3, mode="inflight", kv="recompute")
     fakes[0].dead = True
     async with anyio.create_task_group() as tg:
@@ -248,6 +249,11 @@ async def test_a_restarted_replica_comes_back_at_the_newest_weights():
     result = (await conversation(router, "new/0", turns=1))[0]
     assert result.engine_id == "r0-restarted"
     assert set(result.tokens.weights_versions.tolist()) == {3}
+    # a session of the old r0 is a recompute wherever it continues, the restarted r0 included
+    resumed = (await conversation(router, "before/0", turns=1))[0]
+    assert resumed.cached_prompt_tokens == 0
+    assert resumed.recompute_reason.startswith("replica_failover: replica 0 went down "
+                                               "(did not answer /health 3 times in a row)")
 
 
 async def test_an_external_replica_that_answers_again_is_taken_back_after_catching_up():

@@ -18,9 +18,10 @@ Guarantees:
   when `health_failures` health probes in a row fail (the `run` task probes every
   `health_interval_s`; a probe that takes longer than `probe_timeout_s` fails). Going down
   cancels its requests in flight; each is retried once, on another up replica. Its sessions
-  move to other replicas on their next request, which sends the whole context anyway: the new
-  replica prefills it (`cached_prompt_tokens` 0) and the first result there carries
-  `recompute_reason` (recorded on the model call as `kv_recompute`). A request whose retry
+  lose their replica at once: the next request of each (which sends the whole context anyway)
+  goes to the least loaded up replica, possibly the same one restarted, which prefills it
+  (`cached_prompt_tokens` 0), and that result carries `recompute_reason` (recorded on the
+  model call as `kv_recompute`). A request whose retry
   fails too, or that finds no replica up, raises `EngineError`; the job's pipeline then pauses
   dispatch while `health()` (any replica up) is False.
 - Recovery: with a `restart` callback the `run` task restarts a down replica (at most

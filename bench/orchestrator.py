@@ -7,7 +7,13 @@ lognormal time, the sandbox is in memory, and a fake learner consumes the stream
 process is pinned to one CPU. Printed: agent turns per second (model calls completed and
 recorded), trajectories per second, CPU seconds per turn, and peak trajectories in flight.
 
+With `--replicas 1,2,4` the engine is that many scripted replicas behind the replica router
+(`orchestrator.replicas`), each with finite capacity (`--slots` requests decoding at once, as
+an engine's batch): printed per replica count are turns/s and the router's own CPU time per
+request (choosing the replica and its bookkeeping, thread CPU time).
+
     .venv/bin/python bench/orchestrator.py [--concurrent 1000] [--seconds 20]
+    .venv/bin/python bench/orchestrator.py --replicas 1,2,4 [--slots 16] [--seconds 10]
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ import anyio  # noqa: E402
 
 from orchestrator.pinning import PinnedEngine  # noqa: E402
 from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency  # noqa: E402
+from orchestrator.replicas import ReplicaRouter  # noqa: E402
 from orchestrator.scripted_engine import LatencyModel, ScriptedEngine  # noqa: E402
-from orchestrator.testing import DemoScript, FakeLearner  # noqa: E402
+from orchestrator.testing import CapacityEngine, DemoScript, FakeLearner  # noqa: E402
 from orchestrator.writer import StoreWriter  # noqa: E402
 from stalewise.config import parse_config  # noqa: E402
 from stalewise.store.store import Store  # noqa: E402
@@ -61,7 +68,16 @@ async def memory_sandbox(spec, trajectory_id):
     yield FakeSandbox()
 
 
-async def measure(args, directory: str) -> dict:
+def replica_engine(script: DemoScript, args, replicas: int) -> ReplicaRouter:
+    """`replicas` scripted engines of `args.slots` concurrent requests each, behind a router."""
+    latency = LatencyModel(fixed_s=args.engine_s, jitter_sigma=0.3)
+    return ReplicaRouter([CapacityEngine(ScriptedEngine(script, engine_id=f"r{i}",
+                                                        keep_requests=False, latency=latency),
+                                         slots=args.slots, decode_s=0.0)
+                          for i in range(replicas)])
+
+
+async def measure(args, directory: str, replicas: int | None = None) -> dict:
     cfg = parse_config({
         "rollout": {"group_size": 8, "max_concurrent": args.concurrent},
         "admission": {"max_lag": 1000, "zero_variance": "keep"},
@@ -73,9 +89,10 @@ async def measure(args, directory: str) -> dict:
     family = longhaul.family(min_k=4, max_k=20, latency_median_s=args.tool_s, latency_sigma=0.5,
                              latency_max_s=10 * args.tool_s)
     chat = make_chat_format(build_tiny_tokenizer(), "hermes", tool_listing="none")
-    engine = CountingEngine(ScriptedEngine(
-        DemoScript(lambda tid: pipeline.task_of(tid), family, chat, correct_fraction=0.5),
-        keep_requests=False,
+    script = DemoScript(lambda tid: pipeline.task_of(tid), family, chat, correct_fraction=0.5)
+    router = replica_engine(script, args, replicas) if replicas else None
+    engine = CountingEngine(router or ScriptedEngine(
+        script, keep_requests=False,
         latency=LatencyModel(fixed_s=args.engine_s, jitter_sigma=0.3)))
     learner = FakeLearner(store, "bench", batch_size=64, poll_s=0.05)
     writer = StoreWriter(store)
@@ -110,7 +127,9 @@ async def measure(args, directory: str) -> dict:
     return dict(turns_per_s=window["calls"] / window["wall"],
                 trajectories_per_s=window["finished"] / window["wall"],
                 cpu_ms_per_turn=1000 * window["cpu"] / max(window["calls"], 1),
-                cpu_share=window["cpu"] / window["wall"], peak_in_flight=peak, rows=rows)
+                cpu_share=window["cpu"] / window["wall"], peak_in_flight=peak, rows=rows,
+                route_us=1e6 * router.stats.route_s / max(router.stats.requests, 1)
+                if router else None)
 
 
 def main() -> None:
@@ -120,10 +139,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds before measuring")
     parser.add_argument("--engine-s", type=float, default=0.2, help="latency of a model call")
     parser.add_argument("--tool-s", type=float, default=0.2, help="median latency of a tool call")
+    parser.add_argument("--replicas", type=str, default=None,
+                        help="comma-separated replica counts, e.g. 1,2,4 (router benchmark)")
+    parser.add_argument("--slots", type=int, default=16,
+                        help="requests one replica serves at once (with --replicas)")
     args = parser.parse_args()
     tune_gc_for_concurrency()  # as `stalewise run` does
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    if args.replicas:
+        return replica_table(args, [int(n) for n in args.replicas.split(",")])
     with tempfile.TemporaryDirectory() as directory:
         result = anyio.run(measure, args, directory)
     print(f"orchestrator benchmark: {args.concurrent} trajectories in flight (peak "
@@ -134,6 +159,20 @@ def main() -> None:
     print(f"  CPU ms per turn      {result['cpu_ms_per_turn']:.3f}")
     print(f"  CPU busy             {100 * result['cpu_share']:.0f}% of one core")
     print(f"  store rows written   {result['rows']:,}")
+
+
+def replica_table(args, counts: list[int]) -> None:
+    print(f"replica router benchmark: {args.concurrent} trajectories in flight, one core, "
+          f"scripted replicas of {args.slots} slots, model call {args.engine_s} s, tool median "
+          f"{args.tool_s} s, {args.seconds:.0f} s window")
+    print(f"  {'replicas':>8}  {'turns/s':>9}  {'trajectories/s':>14}  {'CPU ms/turn':>11}  "
+          f"{'CPU busy':>8}  {'routing us/request':>18}")
+    for count in counts:
+        with tempfile.TemporaryDirectory() as directory:
+            r = anyio.run(measure, args, directory, count)
+        print(f"  {count:>8}  {r['turns_per_s']:>9,.0f}  {r['trajectories_per_s']:>14,.1f}  "
+              f"{r['cpu_ms_per_turn']:>11.3f}  {100 * r['cpu_share']:>7.0f}%  "
+              f"{r['route_us']:>18.1f}", flush=True)
 
 
 if __name__ == "__main__":

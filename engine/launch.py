@@ -4,7 +4,9 @@ Torch-free: the orchestrator imports this module. Two launchers share one shape:
 
 - `EngineProcess.start(model_dir, ...)` runs `python -m engine serve` (the same command as
   `stalewise engine serve`) on a free port chosen by the OS (no port race: the server binds
-  port 0 and writes the bound port to a file), then polls `/health`.
+  port 0 and writes the bound port to a file), then polls `/health`. `EngineProcess.spawn`
+  is the same without the wait: it forks the child and returns a `PendingEngine`, whose
+  `ready()` does the waiting (from any thread; the job restarts engine replicas this way).
 - `VllmProcess.start(model_dir, ...)` runs `vllm serve` with what stalewise needs: processed
   log-probs (`--logprobs-mode processed_logprobs`), the stalewise worker extension for weight
   reloads, development routes (`VLLM_SERVER_DEV_MODE=1`: /pause, /resume, /collective_rpc,
@@ -135,6 +137,17 @@ class EngineProcess:
               env: dict[str, str] | None = None) -> EngineProcess:
         """Start `python -m engine serve`; the child reads `config` (default: the defaults)
         from one JSON file, written to `config_path` (default: the launcher's temp dir)."""
+        return cls.spawn(model_dir, config, host=host, port=port,
+                         initial_version=initial_version, seed=seed, config_path=config_path,
+                         log_path=log_path, env=env).ready(startup_timeout)
+
+    @classmethod
+    def spawn(cls, model_dir: str | Path, config: EngineServerConfig | None = None, *,
+              host: str = "127.0.0.1", port: int = 0, initial_version: int = 0, seed: int = 0,
+              config_path: str | Path | None = None, log_path: str | Path | None = None,
+              env: dict[str, str] | None = None) -> PendingEngine:
+        """`start` without the wait: the child is forked here (call it from the main thread so
+        the parent-death signal holds); `PendingEngine.ready` waits, from any thread."""
         workdir = Path(tempfile.mkdtemp(prefix="stalewise-engine-"))
         port_file = workdir / "port"
         log = Path(log_path) if log_path is not None else workdir / "engine.log"
@@ -149,19 +162,8 @@ class EngineProcess:
             process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=child_env(env),
                                        preexec_fn=death_signal_hook())
-        started = time.monotonic()
-        try:
-            bound = _wait_port_file(port_file, process, startup_timeout, log)
-            child = _Child(process, f"http://{host}:{bound}", log, workdir)
-            child.wait_healthy(startup_timeout - (time.monotonic() - started), "engine")
-        except BaseException:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            if log_path is None:
-                shutil.rmtree(workdir, ignore_errors=True)
-            raise
-        return cls(child)
+        return PendingEngine(process, host, port_file, log, workdir,
+                             keep_workdir=log_path is not None)
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM, wait up to `timeout`, then SIGKILL; returns the exit code."""
@@ -172,6 +174,35 @@ class EngineProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclass
+class PendingEngine:
+    """An engine child that was forked but may not answer yet (`EngineProcess.spawn`)."""
+
+    process: subprocess.Popen
+    host: str
+    port_file: Path
+    log: Path
+    workdir: Path
+    keep_workdir: bool
+
+    def ready(self, startup_timeout: float = 120.0) -> EngineProcess:
+        """Block until `/health` answers 200 and return the process; on failure the child is
+        killed and `LaunchError` carries its log tail."""
+        started = time.monotonic()
+        try:
+            bound = _wait_port_file(self.port_file, self.process, startup_timeout, self.log)
+            child = _Child(self.process, f"http://{self.host}:{bound}", self.log, self.workdir)
+            child.wait_healthy(startup_timeout - (time.monotonic() - started), "engine")
+        except BaseException:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+            if not self.keep_workdir:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
+        return EngineProcess(child)
 
 
 class VllmProcess(EngineProcess):

@@ -26,12 +26,13 @@ from pathlib import Path
 import anyio
 from pydantic import BaseModel
 
-from orchestrator.engine_client import engine_client
+from orchestrator.engine_replicas import LocalReplicas, job_engine_client
 from orchestrator.evaluate import EvalResult, evaluate
 from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency
 from orchestrator.pools import PoolSet
 from orchestrator.processes import ChildProcess, Supervised, run_to_end, watch
 from orchestrator.progress import show_progress, snapshot
+from orchestrator.replicas import ReplicaRouter
 from orchestrator.report import held_out_gain, rollout_dynamics, store_ledger, write_report
 from orchestrator.resume import recover_run
 from orchestrator.writer import StoreWriter
@@ -173,9 +174,12 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
             model_dir = await warm_start(job, model_dir, run_dir)
         version, path, _, _ = store.learner_progress(run_id)
         serve_dir = Path(path) if path else model_dir
-        if job.engine.url is None:
+        if job.engine.url is None and not job.engine.urls:
             # Started from the main thread (blocking briefly) so it dies with this process.
-            engine_proc = start_engine(job, serve_dir, version, run_dir)
+            engine_proc = (start_engine(job, serve_dir, version, run_dir)
+                           if job.engine.replicas == 1 else
+                           LocalReplicas(job.engine, model_dir=serve_dir, version=version,
+                                         seed=job.run.seed, run_dir=run_dir).start())
         learner_proc = Supervised("learner", lambda: start_learner(job, run_id, model_dir, run_dir),
                                   log=log.warning)
         summary = await _main(job, store, run_id, run_dir, model_dir, engine_proc, learner_proc,
@@ -257,15 +261,18 @@ def _remove_containers(job: JobConfig, run_id: str) -> None:
 
 async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_dir: Path,
                 engine_proc, learner_proc: Supervised, version: int, resumed: bool) -> dict:
-    url = job.engine.url or engine_proc.url
-    backend = "vllm" if job.engine.kind == "vllm" else "stalewise"
+    single_url = None  # one engine: today's client; several: a router over replicas
+    if job.engine.replica_count == 1:
+        single_url = job.engine.url or next(iter(job.engine.urls), None) or engine_proc.url
     family = await with_job_tools(load_family(job.tasks.family, job.tasks.family_options()),
                                   job, run_id)
     chat_format = make_chat_format(load_tokenizer(model_dir), job.model.chat_format,
                                    tool_listing=job.model.tool_listing)
     started = time.monotonic()
     async with AsyncExitStack() as stack:
-        client = await stack.enter_async_context(engine_client(url, backend=backend))
+        client = await stack.enter_async_context(job_engine_client(
+            job.engine, single_url=single_url, version=version,
+            local=engine_proc if isinstance(engine_proc, LocalReplicas) else None))
         await client.wait_ready(job.engine.startup_timeout_s)
         writer = StoreWriter(store)
         pools = PoolSet(job.sandbox, run_id, is_run_finished=store.run_is_finished)
@@ -282,7 +289,9 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
         async with anyio.create_task_group() as tg:
             await tg.start(writer.run)
             await tg.start(pools.run)
-            if engine_proc is not None:
+            if isinstance(client, ReplicaRouter):
+                await tg.start(client.run)  # probes, fails over, restarts replicas
+            elif engine_proc is not None:
                 tg.start_soon(watch, "engine", engine_proc.poll,
                               engine_proc.log_tail)
             tg.start_soon(lambda: learner_proc.run(expected_exit=pipeline.done))

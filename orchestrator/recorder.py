@@ -3,7 +3,8 @@
 Rows go through the job's `StoreWriter`, so recording never waits on the disk; the trajectory's
 final row update is written with them and `finish` returns once it is durable. A call that
 starts a later training segment carries the reason (`segment_break`) in its `sampling` JSON,
-next to the sampling parameters.
+next to the sampling parameters; a call whose context was prefilled again on another engine
+replica (failover, `orchestrator.replicas`) carries why as `kv_recompute` there too.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ class SqlRecorder:
         sampling: dict[str, Any] | str = self._sampling_json(record.params)
         if record.segment_break is not None:  # rare: the first call of a later segment
             sampling = {**json.loads(sampling), "segment_break": record.segment_break}
+        if record.recompute_reason is not None:  # rare: the session moved to another replica
+            sampling = {**(json.loads(sampling) if isinstance(sampling, str) else sampling),
+                        "kv_recompute": record.recompute_reason}
         await self.writer.put_model_call(model_call_row(
             trajectory_id=int(record.trajectory_id), turn=record.turn, segment=record.segment,
             context_len=record.context_len, prompt_token_ids=record.prompt_token_ids,

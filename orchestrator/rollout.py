@@ -357,7 +357,8 @@ class _Rollout:
             prompt_tokens=result.prompt_tokens, cached_prompt_tokens=result.cached_prompt_tokens,
             started_at=started_at, finished_at=finished_at, tool_calls=len(parsed.calls),
             malformed_calls=sum(isinstance(c, str) for c in checked),
-            segment_break=self._segment_break(delta.segment, delta.context_len)))
+            segment_break=self._segment_break(delta.segment, delta.context_len),
+            recompute_reason=result.recompute_reason))
         if result.finish_reason == "abort":
             raise _Stop(StopReason.ENGINE_ABORT, "the engine aborted the request", "engine_abort")
         return parsed, checked

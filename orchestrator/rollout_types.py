@@ -84,6 +84,7 @@ class ModelCallRecord:
     tool_calls: int  # calls parsed from this turn, malformed ones included
     malformed_calls: int
     segment_break: str | None = None  # on a later segment's first call: why it started
+    recompute_reason: str | None = None  # context prefilled again elsewhere (replica failover)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from stalewise.config_base import ConfigSection
 
@@ -43,3 +43,35 @@ class EngineConfig(EngineServerConfig):
     request_timeout_s: float = Field(600.0, gt=0)
     startup_timeout_s: float = Field(120.0, gt=0)
     extra_args: list[str] = Field(default_factory=list, description="extra `vllm serve` arguments")
+    replicas: int = Field(1, ge=1, description="embedded engine processes the job starts, each "
+                                                "on its own port; sessions stick to one")
+    urls: list[str] = Field(default_factory=list, description="several running engines (replicas) "
+                                                              "instead of one `url`")
+    replica_health_interval_s: float = Field(2.0, gt=0, description="seconds between probes")
+    replica_health_failures: int = Field(3, ge=1, description="failed probes in a row: down")
+    replica_max_restarts: int = Field(3, ge=0, description="restarts of each local replica")
+
+    @model_validator(mode="after")
+    def _one_way_to_reach(self) -> "EngineConfig":
+        if self.urls and self.url is not None:
+            raise ValueError("engine.url and engine.urls are both set: list every running engine "
+                             "in urls (one replica each) and remove url")
+        if self.replicas > 1 and (self.urls or self.url is not None):
+            raise ValueError(f"engine.replicas = {self.replicas} starts engine processes, but "
+                             f"engine.{'urls' if self.urls else 'url'} attaches to running ones: "
+                             f"with urls the replica count is the number of URLs; remove one")
+        if self.replicas > 1 and self.kind == "vllm":
+            raise ValueError("engine.replicas > 1 starts embedded engines only; for several vLLM "
+                             "servers start each with `vllm serve` and list their URLs in "
+                             "engine.urls")
+        if self.replicas > 1 and self.port != 0:
+            raise ValueError(f"engine.port = {self.port} cannot be shared by "
+                             f"{self.replicas} replicas; leave port at 0 (each picks a free one)")
+        if len(set(self.urls)) != len(self.urls):
+            raise ValueError("engine.urls lists a URL twice; list each running engine once")
+        return self
+
+    @property
+    def replica_count(self) -> int:
+        """How many engines the job talks to (1: one client, no router)."""
+        return len(self.urls) if self.urls else self.replicas

@@ -1,8 +1,10 @@
 """The SQL recorder stores why a training segment started with the segment's first call, next
-to the sampling parameters, and nothing extra on other calls (real SQLite)."""
+to the sampling parameters, and why a call's context was prefilled again on another engine
+replica (`kv_recompute`), and nothing extra on other calls (real SQLite)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import anyio
@@ -46,4 +48,29 @@ def test_segment_break_is_stored_with_the_sampling(sqlite_url):
     assert "segment_break" not in first.sampling and first.sampling["max_tokens"] == 8
     assert second.sampling["segment_break"] == "history_rewritten: at char 4: …"
     assert second.sampling["max_tokens"] == 8
+    store.close()
+
+
+def test_a_failover_recompute_reason_is_stored_with_the_sampling(sqlite_url):
+    store = Store.open(sqlite_url, create=True)
+    store.create_run("r", name="r", config={}, pipeline_mode="async")
+    tid = store.create_trajectory("r", group_id=None, task_instance_id=None)
+    reason = "replica_failover: replica 1 went down (refused); context prefilled again"
+
+    async def main():
+        writer = StoreWriter(store)
+        recorder = SqlRecorder(writer)
+        async with anyio.create_task_group() as tg:
+            await tg.start(writer.run)
+            await recorder.model_call(_record(tid, 0, None))
+            await recorder.model_call(dataclasses.replace(_record(tid, 1, "rewritten"),
+                                                          recompute_reason=reason))
+            await writer.flush()
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    first, second = store.model_calls(tid)
+    assert "kv_recompute" not in first.sampling
+    assert second.sampling["kv_recompute"] == reason
+    assert second.sampling["segment_break"] == "rewritten" and second.sampling["max_tokens"] == 8
     store.close()

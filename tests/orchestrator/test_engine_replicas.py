@@ -1,0 +1,64 @@
+"""Local engine replicas for real: `[engine] replicas = 2` starts two embedded engine processes;
+one SIGKILLed is restarted by the router on a new port, at the newest weights it applied, and
+serves again; `stop` leaves no engine behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import anyio
+import pytest
+
+from orchestrator.engine_replicas import LocalReplicas, job_engine_client
+from stalewise.config import parse_config
+from stalewise.engine_api import GenerateRequest, SamplingParams
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from engine.tiny import init_tiny
+
+    return init_tiny(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split()[2] != "Z"
+
+
+async def test_a_killed_local_replica_is_restarted_and_serves_again(model_dir, tmp_path):
+    cfg = parse_config({"engine": {"replicas": 2, "replica_health_interval_s": 0.2,
+                                   "replica_health_failures": 2}}).engine
+    local = LocalReplicas(cfg, model_dir=model_dir, version=0, seed=0, run_dir=tmp_path).start()
+    first_pids = [p.pid for p in local.processes]
+    params = SamplingParams(max_tokens=4, seed=1)
+    try:
+        async with job_engine_client(cfg, single_url=None, local=local, version=0) as router:
+            async with anyio.create_task_group() as tg:
+                await tg.start(router.run)
+                before = await router.generate(GenerateRequest([1, 2, 3], params, "a/0"))
+                os.kill(first_pids[0], signal.SIGKILL)
+                with anyio.fail_after(300):  # hang guard
+                    while router.stats.restarts == 0 or not router.replicas[0].up:
+                        await anyio.sleep(0.1)
+                after = await router.generate(GenerateRequest([1, 2, 3], params, "b/0"))
+                tg.cancel_scope.cancel()
+        assert before.engine_id != after.engine_id  # the restarted process is a new engine
+        assert router.replicas[0].client is not None and len(after.tokens) > 0
+        assert local.processes[0].pid != first_pids[0] and alive(local.processes[0].pid)
+        assert (tmp_path / "engine-r0.log").exists() and (tmp_path / "engine-r1.log").exists()
+    finally:
+        local.stop()
+    assert not any(alive(p.pid) for p in local.processes)

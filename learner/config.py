@@ -244,6 +244,9 @@ class LearnerConfig(_Strict):
         "call) for the viewer and `audit show`")
     trainer_logprobs_every: int = Field(
         1, ge=1, description="record the trainer's log-probs on one learner step in N")
+    workers: int = Field(
+        1, ge=1, description="data-parallel learner processes (torch.distributed: gloo on CPU, "
+        "NCCL on CUDA); each trains on a share of every batch's groups (learner.distributed)")
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerConfig:
@@ -263,5 +266,11 @@ class LearnerConfig(_Strict):
             raise ValueError(
                 f"LearnerConfig: score_centering.norm_constant ({sc.norm_constant}) differs from "
                 f"loss.norm_constant ({self.loss.norm_constant}); set them equal"
+            )
+        if self.workers > 1 and self.advantage.estimator == "gae":
+            raise ValueError(
+                f"LearnerConfig: workers = {self.workers} does not support estimator 'gae' yet "
+                "(its critic and batch whitening are single-process); use workers = 1 with gae, "
+                "or a group estimator (grpo, dr_grpo, rloo) with several workers"
             )
         return self

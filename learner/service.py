@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import torch
@@ -39,6 +40,7 @@ from learner.trainer_logprobs import TrainerLogprobRecorder
 from stalewise.store.store import Store
 
 OPTIMIZER_FILE = "optimizer.pt"
+PEER_EXIT_S = 120.0
 
 
 class StoreSink:
@@ -108,26 +110,37 @@ def _resume_point(store: Store, run_id: str, model_dir: Path, publish_root: Path
                 start_dir=str(Path(latest.path) if latest else model_dir), redo_steps=forgotten)
 
 
-def _join_workers(cfg: LearnerConfig, argv: list[str] | None, log) -> tuple[Workers, str]:
-    """This process's place among the data-parallel workers (learner.distributed) and its
-    device; with `workers` > 1 and no launcher environment, start the peers first."""
+def _fingerprint(optimizer: torch.optim.Optimizer) -> float:
+    """A number that differs between two optimizer states (0.0 before the first step)."""
+    total = 0.0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                total += float(value.double().abs().sum())
+    return total
+
+
+def _join_workers(cfg: LearnerConfig, argv: list[str] | None, log
+                  ) -> tuple[Workers, str, list[subprocess.Popen]]:
+    """This process's place among the data-parallel workers (learner.distributed), its device
+    and the peers it started: with `workers` > 1 and no launcher environment, it starts them."""
     if cfg.workers == 1:
-        return SINGLE, cfg.device
-    workers = workers_from_env(cfg.workers)
+        return SINGLE, cfg.device, []
+    workers, peers = workers_from_env(cfg.workers), []
     if workers is None:
         if argv is None:
             raise ValueError("learner serve: workers > 1 needs the command line to start the "
                              "other workers with, or RANK/WORLD_SIZE/MASTER_* from a launcher")
         workers, peers = launch_peers(argv, cfg.workers)
         exit_when_a_peer_dies(peers, log)
-    return workers, init_process_group(workers, cfg.device)
+    return workers, init_process_group(workers, cfg.device), peers
 
 
 def serve(*, db_url: str, run_id: str, cfg: LearnerConfig, model_dir: Path, publish_root: Path,
           steps: int, poll_s: float = 0.2, log=print, argv: list[str] | None = None) -> int:
     """Run the learner; with `[learner] workers` > 1 this is one rank of several, and only
     rank 0 opens the store (`argv`: this command, to start the peers with)."""
-    workers, device = _join_workers(cfg, argv, log)
+    workers, device, peers = _join_workers(cfg, argv, log)
     store = Store.open(db_url) if workers.is_main else None
     start = workers.broadcast(
         _resume_point(store, run_id, model_dir, publish_root) if store is not None else None)
@@ -156,6 +169,10 @@ def serve(*, db_url: str, run_id: str, cfg: LearnerConfig, model_dir: Path, publ
     if (start_dir / OPTIMIZER_FILE).exists():  # every rank: the optimizer state is replicated
         learner.optimizer.load_state_dict(
             torch.load(start_dir / OPTIMIZER_FILE, map_location=learner.device))
+    if workers.parallel:  # every rank: what it resumed from, to compare across ranks
+        log(json.dumps({"event": "learner worker ready", "rank": workers.rank,
+                        "version": version, "optimizer_state": _fingerprint(learner.optimizer)}),
+            flush=True)
     if workers.is_main:
         log(json.dumps({"event": "learner started", "run_id": run_id, "version": version,
                         "step": step, "last_seq": last_seq, "redo_steps": start["redo_steps"],
@@ -173,4 +190,6 @@ def serve(*, db_url: str, run_id: str, cfg: LearnerConfig, model_dir: Path, publ
         store.close()
     if workers.parallel:
         torch.distributed.destroy_process_group()
+    for peer in peers:  # they finished the same last step
+        peer.wait(PEER_EXIT_S)
     return 0

@@ -12,6 +12,9 @@ bottom in `rl_step`:
    Every micro-batch divides by the whole mini-batch's `Denominators`, so the gradient equals
    the unsplit mini-batch's gradient whatever the micro-batch size; the segments of one
    trajectory count as one sequence in every `seq_*` aggregation;
+   With `[learner] workers` > 1 (`learner.distributed`) each rank trains on whole groups of
+   the batch, the `Denominators` are summed over the ranks and DDP sums the gradients, so each
+   optimizer step's gradient is the single-process gradient of the rows it covers;
 5. AdamW with gradient clipping and linear warm-up; the critic has its own AdamW;
 6. a `StepReport` with the loss diagnostics to every sink, then, every `publish_every`
    steps, publish-then-mark of the next policy version.
@@ -41,7 +44,14 @@ from learner.advantages import (
 )
 from learner.batch import SampleSource, TrainingSample, take_batch
 from learner.config import LearnerConfig
-from learner.distributed import SINGLE, Workers, combine_metrics, placeholder, shard_groups, split_rows
+from learner.distributed import (
+    SINGLE,
+    Workers,
+    combine_metrics,
+    placeholder,
+    shard_groups,
+    split_rows,
+)
 from learner.losses import (
     aggregate,
     aggregation_denominator,

@@ -3,7 +3,7 @@
 Run as `python data_parallel_worker.py MODEL_DIR CASES_PICKLE OUT_DIR` with RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT set. For every case (a learner config and a batch) it builds a
 `Learner` on this rank, runs one RL step on the whole batch (the learner takes this rank's
-share) and saves the policy gradient left after the step and the step's report.
+share) and saves the policy gradient left after the step, the parameters and the step's report.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ def main(model_dir: str, cases_path: str, out_dir: str) -> None:
         report = learner.rl_step(case["samples"])
         gradients = {name: p.grad.clone() for name, p in learner.policy.named_parameters()
                      if p.grad is not None}
-        torch.save({"gradients": gradients, "report": report.to_json()},
+        parameters = {name: p.detach().clone() for name, p in learner.policy.named_parameters()}
+        torch.save({"gradients": gradients, "parameters": parameters,
+                    "report": report.to_json()},
                    Path(out_dir) / f"{case['name']}-rank{workers.rank}.pt")
     torch.distributed.destroy_process_group()
 

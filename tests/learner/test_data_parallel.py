@@ -77,6 +77,8 @@ def _cases() -> list[dict]:
         cases.append(dict(name=f"{mode}-mis", samples=samples, config={**base, "loss": {
             **loss, "correction": "mis", "correction_low": 0.6, "correction_high": 1.5,
             "masked_in_denominator": False}}))
+    cases.append(dict(name="mini-batches", samples=samples, config={
+        **base, "mini_batch_size": 6, "epochs": 2}))
     cases.append(dict(name="one-group-left", samples=_one_group_varies(samples), config={
         **base, "advantage": {"drop_zero_variance_groups": True}}))
     return cases
@@ -115,8 +117,12 @@ def _single_process(tiny: Path, case: dict) -> tuple[dict[str, torch.Tensor], di
              if p.grad is not None}, report.to_json())
 
 
+def _gradient_cases() -> list[dict]:
+    return [c for c in _cases() if c["name"] != "mini-batches"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case", _cases(), ids=lambda c: c["name"])
+@pytest.mark.parametrize("case", _gradient_cases(), ids=lambda c: c["name"])
 def test_two_workers_give_the_single_process_gradient(tiny, two_workers, case):
     expected, expected_report = _single_process(tiny, case)
     assert any(g.abs().sum() > 0 for g in expected.values()), "the batch must move the policy"
@@ -176,3 +182,23 @@ def test_a_launcher_world_size_that_differs_from_the_config_is_refused(monkeypat
     monkeypatch.setitem(os.environ, "RANK", "0")
     with pytest.raises(ValueError, match="WORLD_SIZE=3 but \\[learner\\] workers = 2"):
         workers_from_env(2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [c["name"] for c in _cases()])
+def test_the_ranks_end_every_step_with_the_same_weights(two_workers, name):
+    ranks = [torch.load(two_workers / f"{name}-rank{rank}.pt") for rank in range(2)]
+    for key, value in ranks[0]["parameters"].items():
+        assert torch.equal(value, ranks[1]["parameters"][key]), key
+
+
+@pytest.mark.slow
+def test_mini_batches_run_the_single_process_number_of_optimizer_steps(tiny, two_workers):
+    """With mini_batch_size, each rank splits its share into as many optimizer steps as one
+    process takes (ceil(rows / mini_batch_size) per epoch), so the ranks stay in step."""
+    case = next(c for c in _cases() if c["name"] == "mini-batches")
+    _, expected_report = _single_process(tiny, case)
+    report = torch.load(two_workers / "mini-batches-rank0.pt")["report"]
+    steps = report["metrics"]["learner/optimizer_steps"]
+    assert steps == expected_report["metrics"]["learner/optimizer_steps"] == 2 * 3
+    assert report["num_samples"] == expected_report["num_samples"]

@@ -110,6 +110,10 @@ def train_command(
     cfg = load_learner_config(
         config, {"batch_size": batch_size, "loss.surrogate": surrogate, "optimizer.lr": lr}
     )
+    if cfg.workers > 1:
+        raise typer.BadParameter(
+            f"`learner train` runs one process, but the config says workers = {cfg.workers}; "
+            "set workers = 1 here (several workers train a job's learner, `learner serve`)")
     sinks = make_sinks([m for m in metrics.split(",") if m], out)
     published = []
 

@@ -267,10 +267,4 @@ class LearnerConfig(_Strict):
                 f"LearnerConfig: score_centering.norm_constant ({sc.norm_constant}) differs from "
                 f"loss.norm_constant ({self.loss.norm_constant}); set them equal"
             )
-        if self.workers > 1 and self.advantage.estimator == "gae":
-            raise ValueError(
-                f"LearnerConfig: workers = {self.workers} does not support estimator 'gae' yet "
-                "(its critic and batch whitening are single-process); use workers = 1 with gae, "
-                "or a group estimator (grpo, dr_grpo, rloo) with several workers"
-            )
         return self

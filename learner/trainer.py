@@ -39,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from learner.advantages import (
     gae,
+    masked_whiten,
     trajectory_advantages,
     zero_variance_groups,
 )
@@ -173,12 +174,7 @@ class Learner:
         )
         self.workers = workers
         # forward passes that build a graph go through DDP when data-parallel (learner.distributed)
-        self.train_policy: torch.nn.Module = self.policy
-        if workers.parallel:
-            cuda = self.device.type == "cuda"
-            self.train_policy = DistributedDataParallel(
-                self.policy, device_ids=[self.device] if cuda else None, broadcast_buffers=False)
-            self.train_policy.register_comm_hook(None, _sum_gradients)
+        self.train_policy: torch.nn.Module = self._data_parallel(self.policy)
         self.reference: torch.nn.Module | None = None
         if cfg.loss.kl_coef > 0:
             self.reference = load_policy(cfg.reference_model or model_dir, cfg.device, cfg.dtype)
@@ -187,6 +183,7 @@ class Learner:
         if cfg.advantage.estimator == "gae":
             self.critic = ValueModel(model_dir, cfg.dtype).to(self.device)
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic.lr)
+            self.train_critic: torch.nn.Module = self._data_parallel(self.critic)
         self.publish_root = Path(publish_root) if publish_root is not None else None
         self.mark_published = mark_published
         self.sinks = list(sinks)
@@ -196,6 +193,16 @@ class Learner:
         self.optimizer_steps = 0
         # called with (step, version, samples, log-probs B x T-1) after each no-grad pass
         self.logprob_observers: list[Callable[..., None]] = []
+
+    def _data_parallel(self, module: torch.nn.Module) -> torch.nn.Module:
+        """`module` itself, or with several workers a DDP wrapper that sums its gradients."""
+        if not self.workers.parallel:
+            return module
+        cuda = self.device.type == "cuda"
+        wrapped = DistributedDataParallel(
+            module, device_ids=[self.device] if cuda else None, broadcast_buffers=False)
+        wrapped.register_comm_hook(None, _sum_gradients)
+        return wrapped
 
     # ------------------------------------------------------------------ the batch loop
     def run(
@@ -419,7 +426,20 @@ class Learner:
         rows = torch.arange(mask.shape[0], device=mask.device)[has_tokens]
         token_rewards[rows, last[has_tokens]] = rewards_B[has_tokens]
         values = torch.where(mask, old_values, torch.zeros_like(old_values))
-        return gae(token_rewards, values, mask, a.gamma, a.lam, a.whiten)
+        advantages, returns = gae(token_rewards, values, mask, a.gamma, a.lam, whiten=False)
+        return (self._whiten(advantages, mask) if a.whiten else advantages), returns
+
+    def _whiten(self, values_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
+        """`masked_whiten` over the loss tokens of the whole batch, on every rank's share."""
+        if not self.workers.parallel:
+            return masked_whiten(values_B_T, mask_B_T)
+        mask = mask_B_T.to(values_B_T.dtype)
+        count, total = self.workers.sum(torch.stack([mask.sum(), (values_B_T * mask).sum()]))
+        centered = (values_B_T - total / count.clamp(min=1)) * mask
+        if count < 2:
+            return centered
+        variance = self.workers.sum((centered**2).sum()) / (count - 1)
+        return centered * torch.rsqrt(variance + 1e-8)
 
     # ------------------------------------------------------------------ one optimizer step
     def _optimizer_step(self, step: StepTensors, rows: slice, totals: _MetricMean,
@@ -443,9 +463,12 @@ class Learner:
     def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """Data-parallel: gradients are summed over the ranks in the mini-batch's last backward
         only (every rank has at least one micro-batch per mini-batch, see `_share`)."""
-        if last or not isinstance(self.train_policy, DistributedDataParallel):
-            return contextlib.nullcontext()
-        return self.train_policy.no_sync()
+        stack = contextlib.ExitStack()
+        if not last:
+            for module in (self.train_policy, getattr(self, "train_critic", None)):
+                if isinstance(module, DistributedDataParallel):
+                    stack.enter_context(module.no_sync())
+        return stack
 
     def _denominators(self, step: StepTensors, rows: slice, first_update: bool) -> Denominators:
         """Normalisers of the mini-batch `rows`, computed on all of it before its micro-batches.
@@ -541,7 +564,7 @@ class Learner:
         assert self.critic is not None
         assert step.old_values_B_Tm1 is not None and step.returns_B_Tm1 is not None
         length = sub.loss_mask_B_Tm1.shape[1]
-        values = self.critic(sub.input_ids_B_T, sub.attention_mask_B_T)
+        values = self.train_critic(sub.input_ids_B_T, sub.attention_mask_B_T)
         old_values = _cut(step.old_values_B_Tm1, rows, length)
         returns = _cut(step.returns_B_Tm1, rows, length)
         error = (values - returns) ** 2

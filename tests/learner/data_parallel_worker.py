@@ -31,6 +31,10 @@ def main(model_dir: str, cases_path: str, out_dir: str) -> None:
         report = learner.rl_step(case["samples"])
         gradients = {name: p.grad.clone() for name, p in learner.policy.named_parameters()
                      if p.grad is not None}
+        if learner.critic is not None:
+            gradients.update({f"critic.{name}": p.grad.clone()
+                              for name, p in learner.critic.named_parameters()
+                              if p.grad is not None})
         parameters = {name: p.detach().clone() for name, p in learner.policy.named_parameters()}
         torch.save({"gradients": gradients, "parameters": parameters,
                     "report": report.to_json()},

@@ -1,8 +1,9 @@
 """Data-parallel learner: two gloo workers on 127.0.0.1 produce the single-process gradient.
 
-Contract (learner.distributed): for every aggregation mode, a learner step with W workers,
-each on its own share of whole groups, leaves the same summed gradient, loss and counts as
-one process on the same batch; a rank left with no group (every other group dropped for zero
+Contract (learner.distributed): for every aggregation mode (and with GAE, for the critic and
+with advantages whitened over the whole batch), a learner step with W workers, each on its own
+share of whole groups, leaves the same summed gradient, loss and counts as one process on the
+same batch; a rank left with no group (every other group dropped for zero
 variance) still takes part and adds nothing. The modes are read from the config's `Literal`,
 so a new mode is covered without editing this file.
 """
@@ -77,6 +78,10 @@ def _cases() -> list[dict]:
         cases.append(dict(name=f"{mode}-mis", samples=samples, config={**base, "loss": {
             **loss, "correction": "mis", "correction_low": 0.6, "correction_high": 1.5,
             "masked_in_denominator": False}}))
+    for mode in ("token_mean", "seq_mean_token_mean"):  # the critic's gradient too
+        cases.append(dict(name=f"{mode}-gae", samples=samples, config={
+            **base, "advantage": {"estimator": "gae", "lam": 0.9},
+            "loss": {"aggregation": mode}}))
     cases.append(dict(name="mini-batches", samples=samples, config={
         **base, "mini_batch_size": 6, "epochs": 2}))
     cases.append(dict(name="one-group-left", samples=_one_group_varies(samples), config={
@@ -113,8 +118,12 @@ def _single_process(tiny: Path, case: dict) -> tuple[dict[str, torch.Tensor], di
     cfg = LearnerConfig.model_validate({**case["config"], "workers": 1})
     learner = Learner(tiny, cfg)
     report = learner.rl_step(case["samples"])
-    return ({n: p.grad.clone() for n, p in learner.policy.named_parameters()
-             if p.grad is not None}, report.to_json())
+    gradients = {n: p.grad.clone() for n, p in learner.policy.named_parameters()
+                 if p.grad is not None}
+    if learner.critic is not None:
+        gradients.update({f"critic.{n}": p.grad.clone()
+                          for n, p in learner.critic.named_parameters() if p.grad is not None})
+    return gradients, report.to_json()
 
 
 def _gradient_cases() -> list[dict]:
@@ -169,11 +178,6 @@ def test_combined_metrics_add_losses_and_counts_and_weight_means_by_tokens():
     assert out["loss/policy"] == 0.75 and out["learner/loss_tokens"] == 40.0
     assert out["loss/clip_frac"] == pytest.approx(0.2)
     assert out["lag/max"] == 3.0 and out["learner/grad_norm_max"] == 2.0
-
-
-def test_workers_above_one_refuse_gae_with_a_fix():
-    with pytest.raises(ValueError, match="workers = 2 does not support estimator 'gae'"):
-        LearnerConfig.model_validate({"workers": 2, "advantage": {"estimator": "gae"}})
 
 
 def test_a_launcher_world_size_that_differs_from_the_config_is_refused(monkeypatch):

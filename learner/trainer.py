@@ -183,7 +183,7 @@ class Learner:
         if cfg.advantage.estimator == "gae":
             self.critic = ValueModel(model_dir, cfg.dtype).to(self.device)
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic.lr)
-            self.train_critic: torch.nn.Module = self._data_parallel(self.critic)
+        self.train_critic = None if self.critic is None else self._data_parallel(self.critic)
         self.publish_root = Path(publish_root) if publish_root is not None else None
         self.mark_published = mark_published
         self.sinks = list(sinks)
@@ -465,7 +465,7 @@ class Learner:
         only (every rank has at least one micro-batch per mini-batch, see `_share`)."""
         stack = contextlib.ExitStack()
         if not last:
-            for module in (self.train_policy, getattr(self, "train_critic", None)):
+            for module in (self.train_policy, self.train_critic):
                 if isinstance(module, DistributedDataParallel):
                     stack.enter_context(module.no_sync())
         return stack
@@ -561,7 +561,7 @@ class Learner:
 
     def _critic_backward(self, step: StepTensors, sub: PaddedBatch, rows: slice,
                          denominator: torch.Tensor) -> float:
-        assert self.critic is not None
+        assert self.train_critic is not None
         assert step.old_values_B_Tm1 is not None and step.returns_B_Tm1 is not None
         length = sub.loss_mask_B_Tm1.shape[1]
         values = self.train_critic(sub.input_ids_B_T, sub.attention_mask_B_T)

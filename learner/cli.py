@@ -8,6 +8,7 @@ synth-data write synthetic RL samples and tool-call demonstrations for smoke run
 from __future__ import annotations
 
 import json
+import sys
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -109,6 +110,10 @@ def train_command(
     cfg = load_learner_config(
         config, {"batch_size": batch_size, "loss.surrogate": surrogate, "optimizer.lr": lr}
     )
+    if cfg.workers > 1:
+        raise typer.BadParameter(
+            f"`learner train` runs one process, but the config says workers = {cfg.workers}; "
+            "set workers = 1 here (several workers train a job's learner, `learner serve`)")
     sinks = make_sinks([m for m in metrics.split(",") if m], out)
     published = []
 
@@ -236,6 +241,12 @@ def synth_data_command(
     typer.echo(f"wrote {len(samples)} RL samples and {demos} demonstrations to {out}")
 
 
+def _serve_argv() -> list[str]:
+    """This `serve` command line as `python -m learner serve ...` (to start peer workers),
+    whether it came in through `python -m learner` or the `stalewise learner` entry point."""
+    return ["-m", "learner", *sys.argv[sys.argv.index("serve"):]]
+
+
 @app.command("serve")
 def serve_command(
     db: str = typer.Option(..., help="the job's store URL"),
@@ -253,4 +264,5 @@ def serve_command(
 
     cfg = LearnerConfig.model_validate_json(config.read_text())
     raise typer.Exit(serve(db_url=db, run_id=run, cfg=cfg, model_dir=model,
-                           publish_root=publish_root, steps=steps, poll_s=poll_s))
+                           publish_root=publish_root, steps=steps, poll_s=poll_s,
+                           argv=_serve_argv()))

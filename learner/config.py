@@ -244,6 +244,9 @@ class LearnerConfig(_Strict):
         "call) for the viewer and `audit show`")
     trainer_logprobs_every: int = Field(
         1, ge=1, description="record the trainer's log-probs on one learner step in N")
+    workers: int = Field(
+        1, ge=1, description="data-parallel learner processes (torch.distributed: gloo on CPU, "
+        "NCCL on CUDA); each trains on a share of every batch's groups (learner.distributed)")
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerConfig:

@@ -19,11 +19,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import torch
 
 from learner.config import LearnerConfig
+from learner.distributed import (
+    SINGLE,
+    Workers,
+    exit_when_a_peer_dies,
+    init_process_group,
+    launch_peers,
+    workers_from_env,
+)
 from learner.metrics import ConsoleSink, StepReport
 from learner.store_source import StoreSource
 from learner.trainer import Learner
@@ -31,6 +40,7 @@ from learner.trainer_logprobs import TrainerLogprobRecorder
 from stalewise.store.store import Store
 
 OPTIMIZER_FILE = "optimizer.pt"
+PEER_EXIT_S = 120.0
 
 
 class StoreSink:
@@ -88,17 +98,56 @@ def prune_versions(publish_root: Path, newest: int, keep: int) -> list[Path]:
     return deleted
 
 
-def serve(*, db_url: str, run_id: str, cfg: LearnerConfig, model_dir: Path, publish_root: Path,
-          steps: int, poll_s: float = 0.2, log=print) -> int:
-    store = Store.open(db_url)
+def _resume_point(store: Store, run_id: str, model_dir: Path, publish_root: Path) -> dict:
+    """Where training resumes: the latest published version (or the starting checkpoint); step
+    rows beyond it are forgotten and unmarked version directories removed."""
     latest = store.latest_version(run_id)
     version = latest.version if latest else 0
     step = (latest.learner_step or 0) if latest else 0
-    last_seq = (latest.last_seq or 0) if latest else 0
-    start_dir = Path(latest.path) if latest else model_dir
     forgotten = store.forget_learner_steps_after(run_id, step)
     _remove_unmarked(publish_root, version)
-    cfg = cfg.model_copy(update={"reference_model": cfg.reference_model or str(model_dir)})
+    return dict(version=version, step=step, last_seq=(latest.last_seq or 0) if latest else 0,
+                start_dir=str(Path(latest.path) if latest else model_dir), redo_steps=forgotten)
+
+
+def _fingerprint(optimizer: torch.optim.Optimizer) -> float:
+    """A number that differs between two optimizer states (0.0 before the first step)."""
+    total = 0.0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                total += float(value.double().abs().sum())
+    return total
+
+
+def _join_workers(cfg: LearnerConfig, argv: list[str] | None, log
+                  ) -> tuple[Workers, str, list[subprocess.Popen]]:
+    """This process's place among the data-parallel workers (learner.distributed), its device
+    and the peers it started: with `workers` > 1 and no launcher environment, it starts them."""
+    if cfg.workers == 1:
+        return SINGLE, cfg.device, []
+    workers, peers = workers_from_env(cfg.workers), []
+    if workers is None:
+        if argv is None:
+            raise ValueError("learner serve: workers > 1 needs the command line to start the "
+                             "other workers with, or RANK/WORLD_SIZE/MASTER_* from a launcher")
+        workers, peers = launch_peers(argv, cfg.workers)
+        exit_when_a_peer_dies(peers, log)
+    return workers, init_process_group(workers, cfg.device), peers
+
+
+def serve(*, db_url: str, run_id: str, cfg: LearnerConfig, model_dir: Path, publish_root: Path,
+          steps: int, poll_s: float = 0.2, log=print, argv: list[str] | None = None) -> int:
+    """Run the learner; with `[learner] workers` > 1 this is one rank of several, and only
+    rank 0 opens the store (`argv`: this command, to start the peers with)."""
+    workers, device, peers = _join_workers(cfg, argv, log)
+    store = Store.open(db_url) if workers.is_main else None
+    start = workers.broadcast(
+        _resume_point(store, run_id, model_dir, publish_root) if store is not None else None)
+    version, step, last_seq = start["version"], start["step"], start["last_seq"]
+    start_dir = Path(start["start_dir"])
+    cfg = cfg.model_copy(update={"reference_model": cfg.reference_model or str(model_dir),
+                                 "device": device})
 
     def save_optimizer(_version: int, path: Path) -> None:
         target = Path(path) / OPTIMIZER_FILE
@@ -106,25 +155,41 @@ def serve(*, db_url: str, run_id: str, cfg: LearnerConfig, model_dir: Path, publ
         with open(target, "rb") as handle:
             os.fsync(handle.fileno())
 
-    recorder = TrainerLogprobRecorder(store, run_id, every=cfg.trainer_logprobs_every)
-    learner = Learner(start_dir, cfg, publish_root=publish_root, mark_published=save_optimizer,
-                      sinks=[StoreSink(store, run_id), ConsoleSink(),
-                             *([recorder] if cfg.record_trainer_logprobs else [])],
-                      version=version, step=step, last_sequence=last_seq)
-    if cfg.record_trainer_logprobs:
+    sinks: list = []
+    recorder = None
+    if store is not None:
+        recorder = TrainerLogprobRecorder(store, run_id, every=cfg.trainer_logprobs_every)
+        sinks = [StoreSink(store, run_id), ConsoleSink(),
+                 *([recorder] if cfg.record_trainer_logprobs else [])]
+    learner = Learner(start_dir, cfg, publish_root=publish_root,
+                      mark_published=save_optimizer if workers.is_main else None, sinks=sinks,
+                      version=version, step=step, last_sequence=last_seq, workers=workers)
+    if recorder is not None and cfg.record_trainer_logprobs:
         learner.logprob_observers.append(recorder.observe)
-    if (start_dir / OPTIMIZER_FILE).exists():
-        learner.optimizer.load_state_dict(torch.load(start_dir / OPTIMIZER_FILE))
-    log(json.dumps({"event": "learner started", "run_id": run_id, "version": version,
-                    "step": step, "last_seq": last_seq, "redo_steps": forgotten,
-                    "from": str(start_dir)}), flush=True)
-    source = StoreSource(store, run_id, pad_id=learner.pad_id)
+    if (start_dir / OPTIMIZER_FILE).exists():  # every rank: the optimizer state is replicated
+        learner.optimizer.load_state_dict(
+            torch.load(start_dir / OPTIMIZER_FILE, map_location=learner.device))
+    if workers.parallel:  # every rank: what it resumed from, to compare across ranks
+        log(json.dumps({"event": "learner worker ready", "rank": workers.rank,
+                        "version": version, "optimizer_state": _fingerprint(learner.optimizer)}),
+            flush=True)
+    if workers.is_main:
+        log(json.dumps({"event": "learner started", "run_id": run_id, "version": version,
+                        "step": step, "last_seq": last_seq, "redo_steps": start["redo_steps"],
+                        "from": str(start_dir), "workers": workers.world_size}), flush=True)
+    source = StoreSource(store, run_id, pad_id=learner.pad_id) if store is not None else None
 
     def prune(report: StepReport) -> None:
         if report.published_version is not None:  # its row is in the store: older may go
             prune_versions(publish_root, report.published_version, cfg.keep_checkpoints)
 
     learner.run(source, until_step=steps, train_partial_last_batch=False, poll_s=poll_s,
-                on_report=prune, log=lambda event: log(json.dumps({"event": event}), flush=True))
-    store.close()
+                on_report=prune if workers.is_main else None,
+                log=lambda event: log(json.dumps({"event": event}), flush=True))
+    if store is not None:
+        store.close()
+    if workers.parallel:
+        torch.distributed.destroy_process_group()
+    for peer in peers:  # they finished the same last step
+        peer.wait(PEER_EXIT_S)
     return 0

@@ -12,6 +12,9 @@ bottom in `rl_step`:
    Every micro-batch divides by the whole mini-batch's `Denominators`, so the gradient equals
    the unsplit mini-batch's gradient whatever the micro-batch size; the segments of one
    trajectory count as one sequence in every `seq_*` aggregation;
+   With `[learner] workers` > 1 (`learner.distributed`) each rank trains on whole groups of
+   the batch, the `Denominators` are summed over the ranks and DDP sums the gradients, so each
+   optimizer step's gradient is the single-process gradient of the rows it covers;
 5. AdamW with gradient clipping and linear warm-up; the critic has its own AdamW;
 6. a `StepReport` with the loss diagnostics to every sink, then, every `publish_every`
    steps, publish-then-mark of the next policy version.
@@ -23,6 +26,7 @@ marked only after its directory is complete.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -30,14 +34,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from learner.advantages import (
     gae,
+    masked_whiten,
     trajectory_advantages,
     zero_variance_groups,
 )
 from learner.batch import SampleSource, TrainingSample, take_batch
 from learner.config import LearnerConfig
+from learner.distributed import (
+    SINGLE,
+    Workers,
+    combine_metrics,
+    placeholder,
+    shard_groups,
+    split_rows,
+)
 from learner.losses import (
     aggregate,
     aggregation_denominator,
@@ -83,6 +98,13 @@ class _MetricMean:
 
 def _cut(t: torch.Tensor | None, rows: slice, length: int) -> torch.Tensor | None:
     return None if t is None else t[rows, :length]
+
+
+def _sum_gradients(_state, bucket):  # DDP checks these annotations at run time: none
+    """DDP communication hook: gradients are summed over the ranks, not averaged (every rank's
+    loss is already divided by the whole batch's denominators)."""
+    work = dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.SUM, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
 
 
 @dataclass(frozen=True)
@@ -132,6 +154,7 @@ class Learner:
         version: int = 0,
         step: int = 0,
         last_sequence: int = 0,
+        workers: Workers = SINGLE,
     ) -> None:
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
@@ -149,6 +172,9 @@ class Learner:
             eps=opt.eps,
             weight_decay=opt.weight_decay,
         )
+        self.workers = workers
+        # forward passes that build a graph go through DDP when data-parallel (learner.distributed)
+        self.train_policy: torch.nn.Module = self._data_parallel(self.policy)
         self.reference: torch.nn.Module | None = None
         if cfg.loss.kl_coef > 0:
             self.reference = load_policy(cfg.reference_model or model_dir, cfg.device, cfg.dtype)
@@ -157,6 +183,7 @@ class Learner:
         if cfg.advantage.estimator == "gae":
             self.critic = ValueModel(model_dir, cfg.dtype).to(self.device)
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic.lr)
+        self.train_critic = None if self.critic is None else self._data_parallel(self.critic)
         self.publish_root = Path(publish_root) if publish_root is not None else None
         self.mark_published = mark_published
         self.sinks = list(sinks)
@@ -167,10 +194,20 @@ class Learner:
         # called with (step, version, samples, log-probs B x T-1) after each no-grad pass
         self.logprob_observers: list[Callable[..., None]] = []
 
+    def _data_parallel(self, module: torch.nn.Module) -> torch.nn.Module:
+        """`module` itself, or with several workers a DDP wrapper that sums its gradients."""
+        if not self.workers.parallel:
+            return module
+        cuda = self.device.type == "cuda"
+        wrapped = DistributedDataParallel(
+            module, device_ids=[self.device] if cuda else None, broadcast_buffers=False)
+        wrapped.register_comm_hook(None, _sum_gradients)
+        return wrapped
+
     # ------------------------------------------------------------------ the batch loop
     def run(
         self,
-        source: SampleSource,
+        source: SampleSource | None,
         *,
         until_step: int | None = None,
         train_partial_last_batch: bool = True,
@@ -185,21 +222,35 @@ class Learner:
         more will come, it is trained on (`train_partial_last_batch`) or the loop ends."""
         reports: list[StepReport] = []
         while until_step is None or self.step < until_step:
-            batch = take_batch(source, self.last_sequence, self.cfg.batch_size)
-            if len(batch) < self.cfg.batch_size:
-                finished = source.finished(batch[-1].sequence if batch else self.last_sequence)
-                if not finished:
-                    time.sleep(poll_s)
-                    continue
-                if not (batch and train_partial_last_batch):
-                    if log is not None:
-                        log("stream finished before the last step")
-                    break
-            report = self.rl_step(batch, baseline_peers=source.peers(batch))
+            action, batch, peers = self.workers.broadcast(
+                self._next_batch(source, train_partial_last_batch)
+                if self.workers.is_main else None)
+            if action == "wait":
+                time.sleep(poll_s)
+                continue
+            if action == "stop":
+                if log is not None and self.workers.is_main:
+                    log("stream finished before the last step")
+                break
+            report = self.rl_step(batch, baseline_peers=peers)
             reports.append(report)
             if on_report is not None:
                 on_report(report)
         return reports
+
+    def _next_batch(self, source: SampleSource | None, train_partial_last_batch: bool
+                    ) -> tuple[str, list[TrainingSample], list[tuple[object, float]]]:
+        """What to do next: ("train", batch, baseline peers), ("wait", ...) or ("stop", ...).
+        Only rank 0 reads the source; the other ranks receive its decision."""
+        if source is None:
+            raise ValueError("Learner.run: rank 0 needs a sample source")
+        batch = take_batch(source, self.last_sequence, self.cfg.batch_size)
+        if len(batch) < self.cfg.batch_size:
+            if not source.finished(batch[-1].sequence if batch else self.last_sequence):
+                return "wait", [], []
+            if not (batch and train_partial_last_batch):
+                return "stop", [], []
+        return "train", batch, list(source.peers(batch))
 
     # ------------------------------------------------------------------ one RL step
     def rl_step(self, samples: Sequence[TrainingSample], *,
@@ -216,25 +267,24 @@ class Learner:
         if not kept:  # every group had zero variance and was dropped: nothing to train on
             return self._finish(self._report(consumed, extra, started), consumed, updated=False)
 
+        mini_batches = self._mini_batch_count(len(kept))
+        kept, rewards, placeholders = self._share(kept, rewards, mini_batches)
         batch = collate(
             kept, self.pad_id, self.device, need_topk=self.cfg.score_centering is not None
         )
         t0 = time.perf_counter()
         step = self._step_tensors(batch, rewards.to(self.device), baseline_peers)
         t_proximal = time.perf_counter() - t0
-        for observe in self.logprob_observers:  # e.g. learner.trainer_logprobs
-            observe(self.step + 1, self.version, kept, step.proximal_logprobs_B_Tm1)
+        self._observe_logprobs(kept[:len(kept) - placeholders], step.proximal_logprobs_B_Tm1)
 
         t0 = time.perf_counter()
         totals = _MetricMean()
         step_losses: list[dict[str, float]] = []
         grad_norms: list[float] = []
-        mini = self.cfg.mini_batch_size or batch.size
         for epoch in range(self.cfg.epochs):
-            for start in range(0, batch.size, mini):
-                rows = slice(start, min(start + mini, batch.size))
+            for index, rows in enumerate(self._mini_batches(batch.size, mini_batches)):
                 losses, grad_norm = self._optimizer_step(
-                    step, rows, totals, first_update=epoch == 0 and start == 0)
+                    step, rows, totals, first_update=epoch == 0 and index == 0)
                 step_losses.append(losses)
                 grad_norms.append(grad_norm)
         t_update = time.perf_counter() - t0
@@ -246,19 +296,69 @@ class Learner:
             "time/proximal_s": t_proximal,
             "time/update_s": t_update,
             "perf/tokens_per_s": self.cfg.epochs
-            * float(batch.attention_mask_B_T.sum())
+            * float(batch.attention_mask_B_T.sum() - placeholders)
             / max(t_update, 1e-9),
         }
+        if self.workers.parallel:  # this rank's share of the batch, then the whole batch's
+            metrics["learner/samples"] -= placeholders
+            metrics["learner/tokens"] -= placeholders
+            metrics = combine_metrics(self.workers.gather(metrics), SUMMED_PER_OPTIMIZER_STEP)
         report = self._report(consumed, metrics, started, batch)
         return self._finish(report, consumed, updated=True)
+
+    # ------------------------------------------------------------------ data parallelism
+    def _mini_batch_count(self, rows: int) -> int:
+        return math.ceil(rows / (self.cfg.mini_batch_size or rows))
+
+    def _share(self, kept: list[TrainingSample], rewards: torch.Tensor, mini_batches: int
+               ) -> tuple[list[TrainingSample], torch.Tensor, int]:
+        """This rank's whole groups of the batch, padded with placeholder rows to at least one
+        row per mini-batch; returns them, their rewards and the number of placeholders."""
+        if not self.workers.parallel:
+            return kept, rewards, 0
+        rank, world = self.workers.rank, self.workers.world_size
+        mine = shard_groups(kept, rank, world)
+        chosen = {id(s) for s in mine}
+        mine_rewards = rewards[[i for i, s in enumerate(kept) if id(s) in chosen]]
+        fill = max(0, mini_batches - len(mine))
+        mine += [placeholder(kept[0], self.pad_id, i, rank) for i in range(fill)]
+        return mine, torch.cat([mine_rewards, torch.zeros(fill)]), fill
+
+    def _mini_batches(self, rows: int, count: int) -> list[slice]:
+        """The row ranges of the optimizer steps: `mini_batch_size` rows each on one process;
+        with several workers, each rank's share in `count` near-equal parts, so that every
+        rank runs the same number of optimizer steps."""
+        if self.workers.parallel:
+            return split_rows(rows, count)
+        mini = self.cfg.mini_batch_size or rows
+        return [slice(start, min(start + mini, rows)) for start in range(0, rows, mini)]
+
+    def _observe_logprobs(self, samples: list[TrainingSample], logprobs_B_Tm1: torch.Tensor
+                          ) -> None:
+        """Give the observers (rank 0's) the trainer log-probs of the whole batch's samples."""
+        if not self.workers.parallel:
+            for observe in self.logprob_observers:  # e.g. learner.trainer_logprobs
+                observe(self.step + 1, self.version, samples, logprobs_B_Tm1)
+            return
+        if not self.cfg.record_trainer_logprobs or self.step % self.cfg.trainer_logprobs_every:
+            return  # the same decision on every rank: the gather is collective
+        pieces = self.workers.gather((samples, logprobs_B_Tm1[:len(samples)].cpu()))
+        if not self.workers.is_main or not self.logprob_observers:
+            return
+        width = max(p.shape[1] for _, p in pieces)
+        every = [s for group, _ in pieces for s in group]
+        logprobs = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]))
+                              for _, p in pieces])
+        for observe in self.logprob_observers:
+            observe(self.step + 1, self.version, every, logprobs)
 
     def _report(self, consumed: Sequence[TrainingSample], metrics: dict[str, float],
                 started: float, batch: PaddedBatch | None = None) -> StepReport:
         return StepReport(
             step=self.step + 1,
             mode="rl",
-            num_samples=0 if batch is None else batch.size,
-            num_tokens=0 if batch is None else int(batch.loss_mask_B_Tm1.sum().item()),
+            num_samples=0 if batch is None else int(metrics["learner/samples"]),
+            num_tokens=0 if batch is None else int(metrics["learner/loss_tokens"]),
             loss=metrics.get("loss/policy", 0.0) + metrics.get("score_centering/loss", 0.0),
             policy_version=self.version,
             metrics=metrics,
@@ -326,7 +426,20 @@ class Learner:
         rows = torch.arange(mask.shape[0], device=mask.device)[has_tokens]
         token_rewards[rows, last[has_tokens]] = rewards_B[has_tokens]
         values = torch.where(mask, old_values, torch.zeros_like(old_values))
-        return gae(token_rewards, values, mask, a.gamma, a.lam, a.whiten)
+        advantages, returns = gae(token_rewards, values, mask, a.gamma, a.lam, whiten=False)
+        return (self._whiten(advantages, mask) if a.whiten else advantages), returns
+
+    def _whiten(self, values_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
+        """`masked_whiten` over the loss tokens of the whole batch, on every rank's share."""
+        if not self.workers.parallel:
+            return masked_whiten(values_B_T, mask_B_T)
+        mask = mask_B_T.to(values_B_T.dtype)
+        count, total = self.workers.sum(torch.stack([mask.sum(), (values_B_T * mask).sum()]))
+        centered = (values_B_T - total / count.clamp(min=1)) * mask
+        if count < 2:
+            return centered
+        variance = self.workers.sum((centered**2).sum()) / (count - 1)
+        return centered * torch.rsqrt(variance + 1e-8)
 
     # ------------------------------------------------------------------ one optimizer step
     def _optimizer_step(self, step: StepTensors, rows: slice, totals: _MetricMean,
@@ -336,14 +449,26 @@ class Learner:
         if self.critic is not None:
             self.critic_optimizer.zero_grad(set_to_none=True)
         losses: dict[str, float] = {}
-        for start in range(rows.start, rows.stop, self.cfg.micro_batch_size):
+        starts = range(rows.start, rows.stop, self.cfg.micro_batch_size)
+        for start in starts:
             micro = slice(start, min(start + self.cfg.micro_batch_size, rows.stop))
-            metrics = self.accumulate_gradients(step, micro, denominators)
+            with self._gradient_sync(last=start == starts[-1]):
+                metrics = self.accumulate_gradients(step, micro, denominators)
             for key in SUMMED_PER_OPTIMIZER_STEP:
                 if key in metrics:
                     losses[key] = losses.get(key, 0.0) + metrics[key]
             totals.add(metrics, weight=metrics.get("loss/tokens", 1.0))
         return losses, self._clip_and_step()
+
+    def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """Data-parallel: gradients are summed over the ranks in the mini-batch's last backward
+        only (every rank has at least one micro-batch per mini-batch, see `_share`)."""
+        stack = contextlib.ExitStack()
+        if not last:
+            for module in (self.train_policy, self.train_critic):
+                if isinstance(module, DistributedDataParallel):
+                    stack.enter_context(module.no_sync())
+        return stack
 
     def _denominators(self, step: StepTensors, rows: slice, first_update: bool) -> Denominators:
         """Normalisers of the mini-batch `rows`, computed on all of it before its micro-batches.
@@ -369,15 +494,19 @@ class Learner:
             mask = mask & keep
         sc = self.cfg.score_centering
         full_mask = batch.loss_mask_B_Tm1[rows]
+        policy = aggregation_denominator(mask, loss_cfg.aggregation, loss_cfg.norm_constant, index)
+        centering = policy if sc is None else aggregation_denominator(
+            full_mask, sc.aggregation, sc.norm_constant, index)
+        # whole trajectories live on one rank, so tokens and sequences add up over the ranks
+        policy, centering, value = self.workers.sum(
+            torch.stack([policy, centering, full_mask.sum().to(policy.dtype)]))
         return Denominators(
-            policy=aggregation_denominator(mask, loss_cfg.aggregation, loss_cfg.norm_constant,
-                                           index),
+            policy=policy,
             policy_sequence_tokens_B=self._by_row(sequence_tokens(mask, index), rows, batch.size),
-            centering=None if sc is None else aggregation_denominator(
-                full_mask, sc.aggregation, sc.norm_constant, index),
+            centering=None if sc is None else centering,
             centering_sequence_tokens_B=self._by_row(
                 sequence_tokens(full_mask, index), rows, batch.size),
-            value=full_mask.sum().clamp(min=1),
+            value=value.clamp(min=1),
         )
 
     @staticmethod
@@ -392,7 +521,7 @@ class Learner:
         cfg = self.cfg
         sub = step.batch.rows(rows.start, rows.stop)
         length = sub.loss_mask_B_Tm1.shape[1]
-        out = policy_outputs(self.policy, sub.input_ids_B_T, sub.attention_mask_B_T)
+        out = policy_outputs(self.train_policy, sub.input_ids_B_T, sub.attention_mask_B_T)
         advantages = step.advantages_of(rows, length)
         loss_out = policy_loss(
             out.logprobs_B_T,
@@ -432,10 +561,10 @@ class Learner:
 
     def _critic_backward(self, step: StepTensors, sub: PaddedBatch, rows: slice,
                          denominator: torch.Tensor) -> float:
-        assert self.critic is not None
+        assert self.train_critic is not None
         assert step.old_values_B_Tm1 is not None and step.returns_B_Tm1 is not None
         length = sub.loss_mask_B_Tm1.shape[1]
-        values = self.critic(sub.input_ids_B_T, sub.attention_mask_B_T)
+        values = self.train_critic(sub.input_ids_B_T, sub.attention_mask_B_T)
         old_values = _cut(step.old_values_B_Tm1, rows, length)
         returns = _cut(step.returns_B_Tm1, rows, length)
         error = (values - returns) ** 2
@@ -517,11 +646,14 @@ class Learner:
         self.step = report.step
         self.last_sequence = max(self.last_sequence, consumed[-1].sequence)
         published_version, published_path = None, None
-        if updated and self.publish_root is not None and self.step % self.cfg.publish_every == 0:
+        publishes = updated and self.step % self.cfg.publish_every == 0
+        if publishes and self.publish_root is not None and self.workers.is_main:
             published_path = str(
                 self.publish(metadata={"learner_step": self.step, "last_seq": self.last_sequence})
             )
             published_version = self.version
+        elif publishes and self.publish_root is not None:
+            self.version += 1  # rank 0 published these same weights
         report = StepReport(
             **{
                 **report.to_json(),

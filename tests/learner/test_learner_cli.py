@@ -127,3 +127,14 @@ def test_bad_config_is_reported_with_the_field_and_fix(workdir):
     )
     assert result.exit_code != 0
     assert "norm_constant" in result.output
+
+
+def test_train_refuses_several_workers_and_names_the_fix(workdir):
+    config = workdir / "workers.toml"
+    config.write_text("[learner]\nworkers = 2\n")
+    result = CliRunner().invoke(app, ["learner", "train", str(workdir / "tiny"), "--data",
+                                      str(workdir / "missing.jsonl"), "--out",
+                                      str(workdir / "y"), "--config", str(config)])
+    assert result.exit_code != 0
+    words = " ".join(result.output.replace("│", " ").split())  # the error box wraps lines
+    assert "workers = 2" in words and "set workers = 1" in words, result.output

@@ -236,6 +236,7 @@ class LearnerConfig(_Strict):
     reference_model: str | None = Field(
         None, description="checkpoint for the KL reference; None = the starting checkpoint"
     )
+    workers: int = Field(1, ge=1, description="learner processes (data parallel)")
     device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda'")
     dtype: Literal["float32", "bfloat16"] = "float32"
     seed: int = 0

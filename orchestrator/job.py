@@ -95,12 +95,36 @@ async def warm_start(job: JobConfig, model_dir: Path, run_dir: Path) -> Path:
     return out
 
 
-def start_learner(job: JobConfig, run_id: str, model_dir: Path, run_dir: Path) -> ChildProcess:
-    argv = ["-m", "learner", "serve", "--db", job.run.db_url, "--run", run_id,
+def learner_argv(job: JobConfig, run_id: str, model_dir: Path, run_dir: Path) -> list[str]:
+    return ["-m", "learner", "serve", "--db", job.run.db_url, "--run", run_id,
             "--config", str(write_child_config(run_dir, "learner", job.learner)),
             "--model", str(model_dir),
             "--publish-root", str(run_dir / "policy"), "--steps", str(job.pipeline.steps)]
-    return ChildProcess.start("learner", argv, run_dir / "learner.log")
+
+
+def start_learner(job: JobConfig, run_id: str, model_dir: Path, run_dir: Path) -> ChildProcess:
+    return ChildProcess.start("learner", learner_argv(job, run_id, model_dir, run_dir),
+                              run_dir / "learner.log")
+
+
+def place_on_ray(job: JobConfig, run_id: str, model_dir: Path, serve_dir: Path, version: int,
+                 run_dir: Path):
+    """`cluster.backend = "ray"`: engine replicas and learner workers as Ray actors, each
+    supervising its child on its node (docs/scale-out.md); paths are absolute, since every
+    node must see the model and run directories at the same place."""
+    from orchestrator.cluster.roles import RayEngines, RayLearners
+
+    engines = None
+    if job.engine.url is None:
+        engines = RayEngines.place(job, serve_dir, version, run_dir, run_id)
+        log.info("engine replicas placed", urls=engines.urls)
+    try:
+        argv = learner_argv(job, run_id, model_dir.resolve(), run_dir.resolve())
+        return engines, RayLearners.place(job, argv, run_dir)
+    except BaseException:
+        if engines is not None:
+            engines.stop()
+        raise
 
 
 def start_engine(job: JobConfig, model_dir: Path, version: int, run_dir: Path):
@@ -173,11 +197,16 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
             model_dir = await warm_start(job, model_dir, run_dir)
         version, path, _, _ = store.learner_progress(run_id)
         serve_dir = Path(path) if path else model_dir
-        if job.engine.url is None:
-            # Started from the main thread (blocking briefly) so it dies with this process.
-            engine_proc = start_engine(job, serve_dir, version, run_dir)
-        learner_proc = Supervised("learner", lambda: start_learner(job, run_id, model_dir, run_dir),
-                                  log=log.warning)
+        if job.cluster.backend == "ray":
+            engine_proc, learner_proc = place_on_ray(job, run_id, model_dir, serve_dir,
+                                                     version, run_dir)
+        else:
+            if job.engine.url is None:
+                # Started from the main thread (blocking briefly) so it dies with this process.
+                engine_proc = start_engine(job, serve_dir, version, run_dir)
+            learner_proc = Supervised("learner",
+                                      lambda: start_learner(job, run_id, model_dir, run_dir),
+                                      log=log.warning)
         summary = await _main(job, store, run_id, run_dir, model_dir, engine_proc, learner_proc,
                               version, resume is not None)
         store.set_run_status(run_id, "finished", summary=summary)

@@ -43,3 +43,5 @@ class EngineConfig(EngineServerConfig):
     request_timeout_s: float = Field(600.0, gt=0)
     startup_timeout_s: float = Field(120.0, gt=0)
     extra_args: list[str] = Field(default_factory=list, description="extra `vllm serve` arguments")
+    replicas: int = Field(1, ge=1, description="engine servers the job starts (placed by Ray "
+                                               "when cluster.backend = 'ray')")

@@ -130,7 +130,7 @@ tool_listing = "none"
 [tasks]
 family = "arith"
 options = {{ max_ops = 1 }}
-eval_instances = 0
+eval_instances = 2
 
 [rollout]
 group_size = 2
@@ -195,6 +195,14 @@ def job(report: dict, workdir: Path, pg_url: str, model: Path, address: str) -> 
             report["admitted_distinct"] = c.execute(text(
                 "SELECT count(DISTINCT trajectory_id) FROM admission_decisions WHERE "
                 "run_id = :r AND decision = 'admit'"), {"r": run.id}).scalar()
+            trajectory_ids = [row[0] for row in c.execute(text(
+                "SELECT id FROM trajectories WHERE run_id = :r"), {"r": run.id})]
+        calls = [call for calls in store.model_calls_for(trajectory_ids).values()
+                 for call in calls]
+        report["token_versions"] = sorted({int(v) for call in calls
+                                           for v in call.tokens.weights_versions})
+        report["tokens_recorded"] = sum(len(call.tokens.token_ids) for call in calls)
+        report["published_versions"] = store.learner_progress(run.id)[0]
         run_dir = workdir / "runs" / run.id
         report["logs"] = sorted(p.name for p in run_dir.glob("*.log"))
     finally:

@@ -131,4 +131,8 @@ def test_job_runs_end_to_end_on_ray(ray_report):
     assert job["model_calls"] > 0
     assert job["admitted"] >= 8  # two steps of batch_size 4
     assert job["admitted"] == job["admitted_distinct"]
+    # per-token versions recorded as locally: the evaluation after training ran on the
+    # Ray-placed engine with the learner's last published version
+    assert job["tokens_recorded"] > 0 and job["published_versions"] == 2
+    assert job["token_versions"][0] == 0 and job["token_versions"][-1] == 2
     assert {"engine-0.log", "learner-0.log"} <= set(job["logs"])

@@ -22,6 +22,7 @@ import traceback
 from contextlib import AsyncExitStack
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 from pydantic import BaseModel
@@ -43,6 +44,9 @@ from stalewise.tokenizer import load_tokenizer
 from tasks.api import TaskFamily
 from tasks.chat import make_chat_format
 from tasks.loading import load_family
+
+if TYPE_CHECKING:
+    from orchestrator.cluster.roles import RayLearners
 
 log = get_logger("stalewise.job")
 
@@ -269,7 +273,8 @@ def _remove_containers(job: JobConfig, run_id: str) -> None:
 
 
 async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_dir: Path,
-                engine_proc, learner_proc: Supervised, version: int, resumed: bool) -> dict:
+                engine_proc, learner_proc: "Supervised | RayLearners", version: int,
+                resumed: bool) -> dict:
     url = job.engine.url or engine_proc.url
     backend = "vllm" if job.engine.kind == "vllm" else "stalewise"
     family = await with_job_tools(load_family(job.tasks.family, job.tasks.family_options()),

@@ -5,7 +5,8 @@ long as the actor, so the child gets SIGTERM if the actor's process dies (it nev
 its host); a child that exits unexpectedly is restarted at most `max_restarts` times (each
 restart and its log tail are kept in `status()`), then the host reports `failed` and stops
 trying; a child whose launch says `exit_ok` and that exits with code 0 is `exited` (its work is
-done) until the driver asks for `restart()`; `stop()` ends the supervisor first, then the
+done) until the driver asks for `restart()`; `replace()` restarts it with the weights the
+driver names (a router's restart of a replica); `stop()` ends the supervisor first, then the
 child (SIGTERM, then SIGKILL), and always reaps it.
 
 The class has no Ray import at module level: the driver wraps it with `ray.remote` (placement
@@ -50,6 +51,7 @@ class ChildHost:
         self._stopping = threading.Event()
         self._first_start = threading.Event()
         self._restart_requested = False
+        self._replace: tuple[tuple[str, int], float, threading.Event] | None = None
         self._thread = ChildOwnerThread(target=self._supervise, name=f"host-{launch.name}",
                                         daemon=True)
 
@@ -95,6 +97,18 @@ class ChildHost:
         self._wake.set()
         return self.status()
 
+    def replace(self, model_dir: str, version: int, timeout: float = 10.0) -> dict:
+        """Stop the child and start it again (same port) serving `model_dir` as `version`: a
+        router's restart of a replica that stopped answering. Returns once it has started."""
+        done = threading.Event()
+        with self._lock:
+            self._replace = ((model_dir, version), timeout, done)
+        self._wake.set()
+        while not done.wait(0.5):
+            if not self._thread.is_alive():  # failed or stopped: nothing will replace it
+                break
+        return self.status()
+
     def stop(self, timeout: float = 15.0) -> int | None:
         self._stopping.set()
         self._wake.set()
@@ -120,8 +134,18 @@ class ChildHost:
             code = self._child.poll() if self._child is not None else None
             with self._lock:
                 state, requested = self._status.state, self._restart_requested
+                replace, self._replace = self._replace, None
                 self._restart_requested = False
-            if state == "exited" and requested:
+            if replace is not None:
+                weights, timeout, done = replace
+                if self._child is not None:
+                    self._child.stop(timeout)
+                relaunched = self._relaunch(f"replaced by the driver with version {weights[1]}",
+                                            weights=weights)
+                done.set()
+                if not relaunched:
+                    return
+            elif state == "exited" and requested:
                 if not self._relaunch("restart requested by the driver"):
                     return
             elif state == "running" and code is not None:
@@ -131,7 +155,7 @@ class ChildHost:
                 elif not self._relaunch(f"exited with code {code}"):
                     return
 
-    def _relaunch(self, why: str) -> bool:
+    def _relaunch(self, why: str, weights: tuple[str, int] | None = None) -> bool:
         tail = self._child.log_tail(2000) if self._child is not None else ""
         with self._lock:
             self._status.failures.append(f"{why}; last log lines:\n{tail}")
@@ -141,11 +165,12 @@ class ChildHost:
                 return False
             self._status.restarts += 1
             self._status.state = "starting"
-        return self._launch_child(previous=self._child)
+        return self._launch_child(previous=self._child, weights=weights)
 
-    def _launch_child(self, previous: Child | None) -> bool:
+    def _launch_child(self, previous: Child | None,
+                      weights: tuple[str, int] | None = None) -> bool:
         try:
-            child = self._launch.start(self._status.node_ip, previous, self._env)
+            child = self._launch.start(self._status.node_ip, previous, self._env, weights)
         except Exception as exc:  # a launch that fails is a failure of the role, reported
             with self._lock:
                 self._status.failures.append(f"could not start: {exc}")

@@ -37,7 +37,8 @@ class Launch(Protocol):
     name: str
     exit_ok: bool  # exit code 0 ends the role's work (the learner after its steps)
 
-    def start(self, host: str, previous: Child | None, env: dict[str, str]) -> Child: ...
+    def start(self, host: str, previous: Child | None, env: dict[str, str],
+              weights: tuple[str, int] | None = None) -> Child: ...
 
 
 @dataclass
@@ -73,11 +74,16 @@ class EngineLaunch:
     run_id: str | None = None
     exit_ok: bool = False
 
-    def start(self, host: str, previous: Child | None, env: dict[str, str]) -> Child:
+    def start(self, host: str, previous: Child | None, env: dict[str, str],
+              weights: tuple[str, int] | None = None) -> Child:
+        """`weights` (checkpoint, version) when the driver names them; else a restart serves
+        the newest published version and a first start `initial_version`."""
         from engine.launch import EngineProcess
 
         model_dir, version = self.model_dir, self.initial_version
-        if previous is not None and self.db_url and self.run_id:
+        if weights is not None:
+            model_dir, version = weights
+        elif previous is not None and self.db_url and self.run_id:
             model_dir, version = self._newest_published(model_dir, version)
         port = urlsplit(previous.url).port if previous is not None and previous.url else 0
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -107,7 +113,8 @@ class CommandLaunch:
     exit_ok: bool = True
     env: dict[str, str] = field(default_factory=dict)
 
-    def start(self, host: str, previous: Child | None, env: dict[str, str]) -> Child:
+    def start(self, host: str, previous: Child | None, env: dict[str, str],
+              weights: tuple[str, int] | None = None) -> Child:
         from orchestrator.processes import ChildProcess
 
         child = ChildProcess.start(self.name, self.argv, Path(self.log_path),

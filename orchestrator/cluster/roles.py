@@ -15,6 +15,7 @@ from pathlib import Path
 import anyio
 
 from orchestrator.cluster.launch import CommandLaunch, EngineLaunch
+from orchestrator.engine_client import EngineClient, engine_client
 from orchestrator.cluster.placement import PlacementError, RoleGroup, connect
 from orchestrator.processes import ChildDied
 from stalewise.config import JobConfig
@@ -34,8 +35,10 @@ def _failure_text(statuses: list[dict]) -> str:
 
 
 class RayEngines:
-    def __init__(self, group: RoleGroup) -> None:
-        self.group = group
+    def __init__(self, group: RoleGroup, *, model_dir: Path, version: int,
+                 startup_timeout_s: float) -> None:
+        self.group, self.model_dir, self.version = group, model_dir, version
+        self.startup_timeout_s = startup_timeout_s
         self.urls: list[str] = [s["url"] for s in group.statuses()]
 
     @classmethod
@@ -53,8 +56,10 @@ class RayEngines:
             log_path=str((run_dir / f"engine-{i}.log").resolve()),
             startup_timeout_s=job.engine.startup_timeout_s, db_url=job.run.db_url,
             run_id=run_id) for i in range(job.engine.replicas)]
-        return cls(RoleGroup.place("engine", job.cluster.engine, launches,
-                                   timeout_s=job.cluster.startup_timeout_s))
+        group = RoleGroup.place("engine", job.cluster.engine, launches,
+                                timeout_s=job.cluster.startup_timeout_s)
+        return cls(group, model_dir=model_dir, version=version,
+                   startup_timeout_s=job.engine.startup_timeout_s)
 
     @property
     def url(self) -> str:
@@ -72,6 +77,21 @@ class RayEngines:
 
     def log_tail(self, chars: int = 4000) -> str:
         return _failure_text(self.group.statuses())[-chars:]
+
+    async def restart(self, index: int, newest: tuple[str, int] | None) -> EngineClient:
+        """Restart replica `index` on its node with the newest weights the caller applied
+        (the same shape as the local replicas' restart, for a replica router); a client."""
+        model_dir, version = newest if newest else (str(self.model_dir), self.version)
+        status = await anyio.to_thread.run_sync(lambda: self.group.call(
+            index, "replace", str(model_dir), int(version),
+            timeout_s=self.startup_timeout_s + 60))
+        if status["state"] != "running":
+            raise ChildDied(f"engine replica {index} could not be restarted:\n"
+                            f"{_failure_text([status])}")
+        self.urls[index] = status["url"]
+        client = engine_client(status["url"], initial_version=int(version))
+        await client.wait_ready(self.startup_timeout_s)
+        return client
 
     def stop(self, timeout: float = 15.0) -> None:
         self.group.stop(timeout)

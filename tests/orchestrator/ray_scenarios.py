@@ -54,8 +54,9 @@ def generate(url: str, seed: int) -> dict:
 
 def placement(report: dict, workdir: Path, pg_url: str, model: Path, address: str) -> None:
     """Two engine replicas on two nodes: URLs, health, generation, a killed child restarted
-    on the same URL with the newest published weights, a child that keeps dying reported as
-    failed, and a request the cluster has no room for refused with the reason."""
+    on the same URL with the newest published weights, a replica replaced with named weights,
+    a child that keeps dying reported as failed, and a request the cluster has no room for
+    refused with the reason."""
     import ray
 
     from orchestrator.cluster.launch import CommandLaunch, EngineLaunch
@@ -91,6 +92,9 @@ def placement(report: dict, workdir: Path, pg_url: str, model: Path, address: st
         report["after_kill"] = after
         report["health_after_kill"] = engines.call(1, "health")
         report["generated_after_kill"] = [generate(s["url"], seed=9) for s in after]
+        # a router's restart: replica 0 replaced with the weights the driver names
+        report["replaced"] = engines.call(0, "replace", str(model), 5, timeout_s=HANG_GUARD_S)
+        report["generated_after_replace"] = generate(report["replaced"]["url"], seed=3)
     finally:
         engines.stop()
 

@@ -93,3 +93,19 @@ def test_bundles_drop_zero_amounts_and_refuse_empty_requests():
     assert bundle(RoleResources(cpus=2, gpus=0, resources={"a": 1})) == {"CPU": 2.0, "a": 1.0}
     with pytest.raises(PlacementError, match="no resources at all"):
         bundle(RoleResources(cpus=0))
+
+
+def test_replace_stops_the_child_and_starts_a_new_one(tmp_path):
+    launch = CommandLaunch(name="sleeper", argv=["-c", "import time; time.sleep(600)"],
+                           log_path=str(tmp_path / "s.log"))
+    host = ChildHost(launch, max_restarts=1, poll_s=0.05)
+    try:
+        first = host.start()
+        replaced = host.replace("/unused/by/commands", 4, timeout=5.0)
+        assert replaced["state"] == "running" and replaced["pid"] != first["pid"]
+        assert replaced["restarts"] == 1
+        assert "replaced by the driver with version 4" in replaced["failures"][0]
+        with pytest.raises(ProcessLookupError):
+            os.kill(first["pid"], 0)
+    finally:
+        host.stop(timeout=5.0)

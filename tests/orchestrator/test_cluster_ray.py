@@ -6,6 +6,7 @@ Contract:
   nodes, report their URLs, answer /health and generate;
 - a replica whose child is SIGKILLed is restarted by its actor on its node, at the same URL,
   serving the newest version the store lists as published; the other replica is untouched;
+- `replace` (a replica router's restart) serves the weights and version the driver names;
 - a child that keeps dying is reported `failed` with each exit and its log tail;
 - a request the cluster has no room for is refused with what was asked and what is free;
 - `stalewise run` with `[cluster] backend = "ray"` finishes a short job: engine and learner
@@ -107,6 +108,15 @@ def test_killed_replica_restarts_on_its_node_with_newest_weights(ray_report):
     assert after[0]["restarts"] == 0 and after[0]["pid"] == first[0]["pid"]
     # the restarted replica serves version 7 (published meanwhile); the other still 0
     assert [g["versions"] for g in placed["generated_after_kill"]] == [[0], [7]]
+
+
+def test_replica_replaced_with_the_weights_the_driver_names(ray_report):
+    placed = _section(ray_report, "placement")
+    replaced, first = placed["replaced"], placed["first"][0]
+    assert replaced["state"] == "running" and replaced["restarts"] == 1
+    assert replaced["url"] == first["url"] and replaced["pid"] != first["pid"]
+    assert "replaced by the driver with version 5" in replaced["failures"][0]
+    assert placed["generated_after_replace"]["versions"] == [5]
 
 
 def test_child_that_keeps_dying_is_reported_failed(ray_report):

@@ -122,6 +122,9 @@ def place_on_ray(job: JobConfig, run_id: str, model_dir: Path, serve_dir: Path, 
     if job.engine.url is None:
         engines = RayEngines.place(job, serve_dir, version, run_dir, run_id)
         log.info("engine replicas placed", urls=engines.urls)
+        if len(engines.urls) > 1:
+            log.warning("engine.replicas > 1 are placed, but this job sends every request to "
+                        "the first replica (no replica router in this build)")
     try:
         argv = learner_argv(job, run_id, model_dir.resolve(), run_dir.resolve())
         return engines, RayLearners.place(job, argv, run_dir)

@@ -34,6 +34,7 @@ def connect(cluster: ClusterConfig) -> None:
                              "pip install 'stalewise[ray]'") from exc
     if ray.is_initialized():
         return
+    _check_reachable(cluster.address)
     try:
         ray.init(address=cluster.address, namespace=cluster.namespace, log_to_driver=False,
                  configure_logging=False)
@@ -41,6 +42,21 @@ def connect(cluster: ClusterConfig) -> None:
         raise PlacementError(f"no Ray cluster answers at cluster.address = "
                              f"{cluster.address!r} ({exc}); start one with `ray start --head` "
                              f"on the head node (docs/scale-out.md)") from exc
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Fail fast on a HOST:PORT nothing listens on (Ray itself retries for minutes)."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if address == "auto" or "://" in address or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise PlacementError(f"no Ray cluster answers at cluster.address = {address!r} "
+                             f"({exc}); start one there with `ray start --head --port={port}`, "
+                             f"or fix the address (docs/scale-out.md)") from None
 
 
 def bundle(res: RoleResources) -> dict[str, float]:

@@ -16,8 +16,8 @@ import pytest
 
 from orchestrator.cluster.host import ChildHost
 from orchestrator.cluster.launch import CommandLaunch
-from orchestrator.cluster.placement import PlacementError, bundle
-from stalewise.cluster_config import RoleResources
+from orchestrator.cluster.placement import PlacementError, bundle, connect
+from stalewise.cluster_config import ClusterConfig, RoleResources
 
 HANG_GUARD_S = 120.0
 
@@ -109,3 +109,13 @@ def test_replace_stops_the_child_and_starts_a_new_one(tmp_path):
             os.kill(first["pid"], 0)
     finally:
         host.stop(timeout=5.0)
+
+
+def test_an_address_nothing_listens_on_fails_fast_with_the_fix():
+    import socket
+
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(PlacementError, match="ray start --head"):
+        connect(ClusterConfig(backend="ray", address=f"127.0.0.1:{port}"))

@@ -101,7 +101,8 @@ class RoleGroup:
         actors = [
             host.options(
                 num_cpus=res.cpus, num_gpus=res.gpus, resources=dict(res.resources),
-                max_restarts=0, name=f"stalewise-{launch.name}-{secrets.token_hex(4)}",
+                max_restarts=0, max_concurrency=4,  # status answers during a replace
+                name=f"stalewise-{launch.name}-{secrets.token_hex(4)}",
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     group, placement_group_bundle_index=i),
             ).remote(launch, max_restarts=res.max_restarts)
@@ -130,10 +131,10 @@ class RoleGroup:
         """Each actor's `HostStatus` as a dict; an actor that is gone reports `lost`."""
         import ray
 
-        out = []
-        for i, actor in enumerate(self.actors):
+        refs, out = [actor.status.remote() for actor in self.actors], []
+        for i, ref in enumerate(refs):  # asked all at once, read in order
             try:
-                out.append(ray.get(actor.status.remote(), timeout=timeout_s))
+                out.append(ray.get(ref, timeout=timeout_s))
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
                 out.append({"role": f"{self.role}-{i}", "state": "lost", "url": None,
                             "failures": [f"the actor is unreachable: {exc}"]})

@@ -93,7 +93,11 @@ def placement(report: dict, workdir: Path, pg_url: str, model: Path, address: st
         report["health_after_kill"] = engines.call(1, "health")
         report["generated_after_kill"] = [generate(s["url"], seed=9) for s in after]
         # a router's restart: replica 0 replaced with the weights the driver names
-        report["replaced"] = engines.call(0, "replace", str(model), 5, timeout_s=HANG_GUARD_S)
+        pending = engines.actors[0].replace.remote(str(model), 5)
+        report["status_during_replace"] = wait_for(
+            lambda: (lambda s: s if s["state"] == "starting" else None)(engines.statuses()[0]),
+            "the replaced replica to report `starting` while its replace call runs")
+        report["replaced"] = ray.get(pending, timeout=HANG_GUARD_S)
         report["generated_after_replace"] = generate(report["replaced"]["url"], seed=3)
     finally:
         engines.stop()

@@ -113,6 +113,7 @@ def test_killed_replica_restarts_on_its_node_with_newest_weights(ray_report):
 def test_replica_replaced_with_the_weights_the_driver_names(ray_report):
     placed = _section(ray_report, "placement")
     replaced, first = placed["replaced"], placed["first"][0]
+    assert placed["status_during_replace"]["state"] == "starting"  # status still answers
     assert replaced["state"] == "running" and replaced["restarts"] == 1
     assert replaced["url"] == first["url"] and replaced["pid"] != first["pid"]
     assert "replaced by the driver with version 5" in replaced["failures"][0]

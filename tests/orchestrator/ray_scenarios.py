@@ -184,12 +184,30 @@ def job(report: dict, workdir: Path, pg_url: str, model: Path, address: str) -> 
 
     config = workdir / "job.toml"
     config.write_text(JOB_CONFIG.format(db=pg_url, dir=workdir, model=model, address=address))
-    done = subprocess.run([sys.executable, "-m", "stalewise", "run", str(config)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
-    report["returncode"] = done.returncode
-    report["output_tail"] = (done.stdout[-3000:] + done.stderr[-3000:])
+    output = workdir / "job-output.log"
+    with open(output, "wb") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "stalewise", "run", str(config)],
+                                   cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
     store = Store.open(pg_url)
     try:
+        # once the engine has served a call, SIGKILL its child: its actor restarts it on its
+        # node at the same URL, and the job must carry on
+        wait_for(lambda: process.poll() is not None or _count_model_calls(store) > 0,
+                 "the job's first model call")
+        killed = _engine_children(workdir)
+        report["engine_killed_pid"] = killed[0] if killed else None
+        if killed:
+            os.kill(killed[0], signal.SIGKILL)
+            report["engine_restarted_pid"] = wait_for(
+                lambda: process.poll() is not None and -1 or next(
+                    (p for p in _engine_children(workdir) if p != killed[0]), None),
+                "the engine child's restart")
+        report["returncode"] = process.wait(timeout=900)
+        text_out = output.read_text(errors="replace")
+        report["output_tail"] = text_out[-5000:]
+        report["dispatch_paused_and_resumed"] = [
+            "engine not answering; dispatch paused" in text_out,
+            "engine answering again; dispatch resumed" in text_out]
         run = store.runs()[0]
         report["run_status"] = run.status
         report["learner_steps"] = len(store.learner_steps(run.id))
@@ -215,6 +233,29 @@ def job(report: dict, workdir: Path, pg_url: str, model: Path, address: str) -> 
         report["logs"] = sorted(p.name for p in run_dir.glob("*.log"))
     finally:
         store.close()
+
+
+def _count_model_calls(store) -> int:
+    from sqlalchemy import text
+
+    with store.engine.connect() as c:
+        return c.execute(text("SELECT count(*) FROM model_calls")).scalar()
+
+
+def _engine_children(workdir: Path) -> list[int]:
+    """Pids of `engine serve` processes whose config lies in this scenario's run directory."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"engine" in argv and b"serve" in argv and any(
+                a.startswith(str(workdir / "runs").encode()) for a in argv):
+            found.append(int(proc.name))
+    return found
 
 
 def main() -> None:

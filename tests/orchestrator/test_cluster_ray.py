@@ -9,9 +9,11 @@ Contract:
 - `replace` (a replica router's restart) serves the weights and version the driver names;
 - a child that keeps dying is reported `failed` with each exit and its log tail;
 - a request the cluster has no room for is refused with what was asked and what is free;
-- `stalewise run` with `[cluster] backend = "ray"` finishes a short job: engine and learner
-  placed as actors, every model call and admission recorded in PostgreSQL, nothing admitted
-  twice, one log per placed child in the run directory.
+- `stalewise run` with `[cluster] backend = "ray"` finishes a short job, although its engine
+  child is SIGKILLed after the first model call (its actor restarts it at the same URL):
+  engine and learner placed as actors, every model call and admission recorded in
+  PostgreSQL, nothing admitted twice, per-token versions as locally, one log per placed child
+  in the run directory.
 """
 
 from __future__ import annotations
@@ -134,9 +136,13 @@ def test_no_room_is_refused_with_the_reason(ray_report):
     assert "free now" in message
 
 
-def test_job_runs_end_to_end_on_ray(ray_report):
+def test_job_runs_end_to_end_on_ray_through_an_engine_restart(ray_report):
     job = _section(ray_report, "job")
     assert job["returncode"] == 0, job["output_tail"]
+    # the engine child was killed after its first call and its actor restarted it
+    assert job["engine_killed_pid"] is not None
+    assert job["engine_restarted_pid"] not in (None, -1, job["engine_killed_pid"])
+    assert job["dispatch_paused_and_resumed"] == [True, True]
     assert job["run_status"] == "finished"
     assert job["learner_steps"] == 2
     assert job["model_calls"] > 0

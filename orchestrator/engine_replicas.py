@@ -16,6 +16,7 @@ stops every replica the job started, restarted ones included.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -23,6 +24,9 @@ from orchestrator.engine_client import EngineClient, engine_client
 from orchestrator.replicas import ReplicaRouter
 from stalewise.engine_config import EngineConfig
 from stalewise.log import get_logger
+
+if TYPE_CHECKING:
+    from orchestrator.cluster.roles import RayEngines
 
 log = get_logger("stalewise.replicas")
 
@@ -93,9 +97,11 @@ class LocalReplicas:
 
 
 def job_engine_client(cfg: EngineConfig, *, single_url: str | None,
-                      local: LocalReplicas | None, version: int) -> EngineClient | ReplicaRouter:
+                      local: "LocalReplicas | RayEngines | None",
+                      version: int) -> EngineClient | ReplicaRouter:
     """The pipeline's engine client: `single_url`'s client for one engine, else a router over
-    `local`'s processes or `cfg.urls`."""
+    the replicas the job started (`local`: processes here, or Ray actors; either restarts a
+    replica at the newest weights) or over `cfg.urls`."""
     backend = "vllm" if cfg.kind == "vllm" else "stalewise"
     if single_url is not None:
         return engine_client(single_url, backend=backend)

@@ -22,10 +22,12 @@ import traceback
 from contextlib import AsyncExitStack
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 from pydantic import BaseModel
 
+from orchestrator.cluster.roles import RayEngines, RayLearners
 from orchestrator.engine_replicas import LocalReplicas, job_engine_client
 from orchestrator.evaluate import EvalResult, evaluate
 from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency
@@ -44,6 +46,9 @@ from stalewise.tokenizer import load_tokenizer
 from tasks.api import TaskFamily
 from tasks.chat import make_chat_format
 from tasks.loading import load_family
+
+if TYPE_CHECKING:
+    from orchestrator.cluster.roles import RayLearners
 
 log = get_logger("stalewise.job")
 
@@ -96,12 +101,34 @@ async def warm_start(job: JobConfig, model_dir: Path, run_dir: Path) -> Path:
     return out
 
 
-def start_learner(job: JobConfig, run_id: str, model_dir: Path, run_dir: Path) -> ChildProcess:
-    argv = ["-m", "learner", "serve", "--db", job.run.db_url, "--run", run_id,
+def learner_argv(job: JobConfig, run_id: str, model_dir: Path, run_dir: Path) -> list[str]:
+    return ["-m", "learner", "serve", "--db", job.run.db_url, "--run", run_id,
             "--config", str(write_child_config(run_dir, "learner", job.learner)),
             "--model", str(model_dir),
             "--publish-root", str(run_dir / "policy"), "--steps", str(job.pipeline.steps)]
-    return ChildProcess.start("learner", argv, run_dir / "learner.log")
+
+
+def start_learner(job: JobConfig, run_id: str, model_dir: Path, run_dir: Path) -> ChildProcess:
+    return ChildProcess.start("learner", learner_argv(job, run_id, model_dir, run_dir),
+                              run_dir / "learner.log")
+
+
+def place_on_ray(job: JobConfig, run_id: str, model_dir: Path, serve_dir: Path, version: int,
+                 run_dir: Path):
+    """`cluster.backend = "ray"`: engine replicas and learner workers as Ray actors, each
+    supervising its child on its node (docs/scale-out.md); paths are absolute, since every
+    node must see the model and run directories at the same place."""
+    engines = None
+    if job.engine.url is None:
+        engines = RayEngines.place(job, serve_dir, version, run_dir, run_id)
+        log.info("engine replicas placed", urls=engines.urls)
+    try:
+        argv = learner_argv(job, run_id, model_dir.resolve(), run_dir.resolve())
+        return engines, RayLearners.place(job, argv, run_dir)
+    except BaseException:
+        if engines is not None:
+            engines.stop()
+        raise
 
 
 def start_engine(job: JobConfig, model_dir: Path, version: int, run_dir: Path):
@@ -113,7 +140,8 @@ def start_engine(job: JobConfig, model_dir: Path, version: int, run_dir: Path):
                                  log_path=run_dir / "engine.log",
                                  startup_timeout=job.engine.startup_timeout_s)
     return EngineProcess.start(model_dir, job.engine.server_fields(),
-                               config_path=run_dir / "engine.json", port=job.engine.port, initial_version=version, seed=job.run.seed,
+                               config_path=run_dir / "engine.json", port=job.engine.port,
+                               initial_version=version, seed=job.run.seed,
                                log_path=run_dir / "engine.log",
                                startup_timeout=job.engine.startup_timeout_s)
 
@@ -174,14 +202,19 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
             model_dir = await warm_start(job, model_dir, run_dir)
         version, path, _, _ = store.learner_progress(run_id)
         serve_dir = Path(path) if path else model_dir
-        if job.engine.url is None and not job.engine.urls:
-            # Started from the main thread (blocking briefly) so it dies with this process.
-            engine_proc = (start_engine(job, serve_dir, version, run_dir)
-                           if job.engine.replicas == 1 else
-                           LocalReplicas(job.engine, model_dir=serve_dir, version=version,
-                                         seed=job.run.seed, run_dir=run_dir).start())
-        learner_proc = Supervised("learner", lambda: start_learner(job, run_id, model_dir, run_dir),
-                                  log=log.warning)
+        if job.cluster.backend == "ray":
+            engine_proc, learner_proc = place_on_ray(job, run_id, model_dir, serve_dir,
+                                                     version, run_dir)
+        else:
+            if job.engine.url is None and not job.engine.urls:
+                # Started from the main thread (blocking briefly) so it dies with this process.
+                engine_proc = (start_engine(job, serve_dir, version, run_dir)
+                               if job.engine.replicas == 1 else
+                               LocalReplicas(job.engine, model_dir=serve_dir, version=version,
+                                             seed=job.run.seed, run_dir=run_dir).start())
+            learner_proc = Supervised("learner",
+                                      lambda: start_learner(job, run_id, model_dir, run_dir),
+                                      log=log.warning)
         summary = await _main(job, store, run_id, run_dir, model_dir, engine_proc, learner_proc,
                               version, resume is not None)
         store.set_run_status(run_id, "finished", summary=summary)
@@ -260,7 +293,8 @@ def _remove_containers(job: JobConfig, run_id: str) -> None:
 
 
 async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_dir: Path,
-                engine_proc, learner_proc: Supervised, version: int, resumed: bool) -> dict:
+                engine_proc, learner_proc: "Supervised | RayLearners", version: int,
+                resumed: bool) -> dict:
     single_url = None  # one engine: today's client; several: a router over replicas
     if job.engine.replica_count == 1:
         single_url = job.engine.url or next(iter(job.engine.urls), None) or engine_proc.url
@@ -272,7 +306,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
     async with AsyncExitStack() as stack:
         client = await stack.enter_async_context(job_engine_client(
             job.engine, single_url=single_url, version=version,
-            local=engine_proc if isinstance(engine_proc, LocalReplicas) else None))
+            local=engine_proc if isinstance(engine_proc, (LocalReplicas, RayEngines)) else None))
         await client.wait_ready(job.engine.startup_timeout_s)
         writer = StoreWriter(store)
         pools = PoolSet(job.sandbox, run_id, is_run_finished=store.run_is_finished)

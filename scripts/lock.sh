@@ -11,7 +11,7 @@ trap 'rm -rf "$tmp"' EXIT
 "$PY" -m venv "$tmp/venv"
 "$tmp/venv/bin/python" -m pip install -q --upgrade pip
 "$tmp/venv/bin/python" -m pip install -q torch==2.13.0
-"$tmp/venv/bin/python" -m pip install -q -e ".[test]" --config-settings editable_mode=compat
+"$tmp/venv/bin/python" -m pip install -q -e ".[test,ray]" --config-settings editable_mode=compat
 {
   echo "# Exact versions set-up installs (scripts/lock.sh writes this file; torch is set-up's)."
   "$tmp/venv/bin/python" -m pip freeze --exclude-editable | grep -viE '^(torch|nvidia-|triton)'

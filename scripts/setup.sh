@@ -26,7 +26,7 @@ fi
 
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ requirements.lock -nt "$STAMP" ]; then
   echo "setup: installing stalewise and its dependencies (versions from requirements.lock)" >&2
-  "$VENV/bin/python" -m pip install -q -c requirements.lock -e ".[test,gguf]" \
+  "$VENV/bin/python" -m pip install -q -c requirements.lock -e ".[test,gguf,ray]" \
     --config-settings editable_mode=compat
   touch "$STAMP"
 fi

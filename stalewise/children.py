@@ -15,15 +15,21 @@ from pathlib import Path
 from typing import Callable
 
 
+class ChildOwnerThread(threading.Thread):
+    """A thread that outlives every child it starts (so their parent-death signal is right)."""
+
+
 def death_signal_hook() -> Callable[[], None] | None:
     """A pre-exec hook that makes the kernel SIGTERM the child when its parent dies (Linux).
 
     prctl is looked up here, in the parent: the hook runs between fork and exec, where it must
     not import or take locks. The kernel sends the signal when the *thread* that forked exits,
     so only the main thread can use it; a child started from a worker thread (anyio.to_thread)
-    would die when the pool retires that thread.
+    would die when the pool retires that thread. A `ChildOwnerThread` lives as long as the
+    children it starts (a supervisor's own thread), so it may use the hook as well.
     """
-    if threading.current_thread() is not threading.main_thread():
+    thread = threading.current_thread()
+    if thread is not threading.main_thread() and not isinstance(thread, ChildOwnerThread):
         return None
     try:
         import ctypes

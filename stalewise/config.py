@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 
 from learner.config import LearnerConfig
 from sandboxes.host_config import DockerHostConfig, check_distinct
+from stalewise.cluster_config import ClusterConfig
 from stalewise.config_base import ConfigSection as Section
 from stalewise.config_errors import ConfigError, read_toml, validate
 from stalewise.engine_api import KvPolicy
@@ -139,6 +140,7 @@ class JobConfig(Section):
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> "JobConfig":
@@ -149,7 +151,16 @@ class JobConfig(Section):
                 f"admission.min_group_size = {self.admission.min_group_size}: group baselines "
                 f"need at least that many samples; raise rollout.group_size or use "
                 f"learner.advantage.estimator = 'gae'")
+        if self.cluster.backend == "ray" and not is_postgres_url(self.run.db_url):
+            raise ValueError(
+                f"cluster.backend = 'ray' needs one store every node reaches, but run.db_url = "
+                f"{self.run.db_url!r} is SQLite (a file on this machine); set run.db_url to a "
+                f"PostgreSQL URL, e.g. 'postgresql+psycopg://USER@HOST:5432/DB'")
         return self
+
+
+def is_postgres_url(url: str) -> bool:
+    return url.split("://", 1)[0].split("+", 1)[0] in ("postgresql", "postgres")
 
 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> JobConfig:

@@ -43,8 +43,9 @@ class EngineConfig(EngineServerConfig):
     request_timeout_s: float = Field(600.0, gt=0)
     startup_timeout_s: float = Field(120.0, gt=0)
     extra_args: list[str] = Field(default_factory=list, description="extra `vllm serve` arguments")
-    replicas: int = Field(1, ge=1, description="embedded engine processes the job starts, each "
-                                                "on its own port; sessions stick to one")
+    replicas: int = Field(1, ge=1, description="engine processes the job starts, each on its "
+                                                "own port (placed by Ray when cluster.backend = "
+                                                "'ray'); sessions stick to one")
     urls: list[str] = Field(default_factory=list, description="several running engines (replicas) "
                                                               "instead of one `url`")
     replica_health_interval_s: float = Field(2.0, gt=0, description="seconds between probes")

@@ -145,14 +145,20 @@ group_size = 2
 max_concurrent = 4
 max_tokens_per_turn = 16
 
+[engine]
+replicas = 2
+
 [sandbox]
-backend = "local"
+backend = "docker"
 pool_size = 2
 max_live = 8
+hosts = [ {{ url = "unix:///var/run/docker.sock", capacity = 8 }},
+          {{ url = "{second_docker}", capacity = 8 }} ]
 
 [learner]
 batch_size = 4
-micro_batch_size = 4
+micro_batch_size = 2
+workers = 2
 
 [learner.sft]
 enabled = false
@@ -170,7 +176,7 @@ cpus = 0.5
 resources = {{ engine_slot = 1 }}
 
 [cluster.learner]
-cpus = 0.5
+cpus = 0.25
 resources = {{ learner_slot = 1 }}
 """
 
@@ -183,7 +189,9 @@ def job(report: dict, workdir: Path, pg_url: str, model: Path, address: str) -> 
     from stalewise.store.store import Store
 
     config = workdir / "job.toml"
-    config.write_text(JOB_CONFIG.format(db=pg_url, dir=workdir, model=model, address=address))
+    second_docker = os.environ["STALEWISE_TEST_SECOND_DOCKER"]
+    config.write_text(JOB_CONFIG.format(db=pg_url, dir=workdir, model=model, address=address,
+                                        second_docker=second_docker))
     output = workdir / "job-output.log"
     with open(output, "wb") as sink:
         process = subprocess.Popen([sys.executable, "-m", "stalewise", "run", str(config)],
@@ -192,8 +200,11 @@ def job(report: dict, workdir: Path, pg_url: str, model: Path, address: str) -> 
     try:
         # once the engine has served a call, SIGKILL its child: its actor restarts it on its
         # node at the same URL, and the job must carry on
-        wait_for(lambda: process.poll() is not None or _count_model_calls(store) > 0,
-                 "the job's first model call")
+        # both replicas have served calls (each engine process has its own engine_id) before
+        # one is killed: the router spread the job's concurrent sessions over them
+        wait_for(lambda: process.poll() is not None or _engine_ids(store) >= 2,
+                 "model calls served by both replicas")
+        report["engines_before_kill"] = _engine_ids(store)
         killed = _engine_children(workdir)
         report["engine_killed_pid"] = killed[0] if killed else None
         if killed:
@@ -223,23 +234,29 @@ def job(report: dict, workdir: Path, pg_url: str, model: Path, address: str) -> 
                 "run_id = :r AND decision = 'admit'"), {"r": run.id}).scalar()
             trajectory_ids = [row[0] for row in c.execute(text(
                 "SELECT id FROM trajectories WHERE run_id = :r"), {"r": run.id})]
+            report["trajectory_statuses"] = dict(c.execute(text(
+                "SELECT status, count(*) FROM trajectories WHERE run_id = :r GROUP BY status"),
+                {"r": run.id}).all())
         calls = [call for calls in store.model_calls_for(trajectory_ids).values()
                  for call in calls]
         report["token_versions"] = sorted({int(v) for call in calls
                                            for v in call.tokens.weights_versions})
         report["tokens_recorded"] = sum(len(call.tokens.token_ids) for call in calls)
         report["published_versions"] = store.learner_progress(run.id)[0]
+        report["recomputed_calls"] = sum(1 for call in calls
+                                         if (call.sampling or {}).get("kv_recompute"))
+        report["sandbox_hosts"] = (run.summary or {}).get("sandbox_hosts")
         run_dir = workdir / "runs" / run.id
         report["logs"] = sorted(p.name for p in run_dir.glob("*.log"))
     finally:
         store.close()
 
 
-def _count_model_calls(store) -> int:
+def _engine_ids(store) -> int:
     from sqlalchemy import text
 
     with store.engine.connect() as c:
-        return c.execute(text("SELECT count(*) FROM model_calls")).scalar()
+        return c.execute(text("SELECT count(DISTINCT engine_id) FROM model_calls")).scalar()
 
 
 def _engine_children(workdir: Path) -> list[int]:
@@ -270,7 +287,7 @@ def main() -> None:
     started = time.monotonic()
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "resources": {"engine_slot": 1, "learner_slot": 1, "node_a": 1}})
-    cluster.add_node(num_cpus=2, resources={"engine_slot": 1, "node_b": 1})
+    cluster.add_node(num_cpus=2, resources={"engine_slot": 1, "learner_slot": 1, "node_b": 1})
     cluster.wait_for_nodes()
     report["cluster_start_s"] = round(time.monotonic() - started, 1)
     report["node_ids"] = [n.node_id for n in cluster.list_all_nodes()]

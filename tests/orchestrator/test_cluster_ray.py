@@ -9,11 +9,13 @@ Contract:
 - `replace` (a replica router's restart) serves the weights and version the driver names;
 - a child that keeps dying is reported `failed` with each exit and its log tail;
 - a request the cluster has no room for is refused with what was asked and what is free;
-- `stalewise run` with `[cluster] backend = "ray"` finishes a short job, although its engine
-  child is SIGKILLed after the first model call (its actor restarts it at the same URL):
-  engine and learner placed as actors, every model call and admission recorded in
-  PostgreSQL, nothing admitted twice, per-token versions as locally, one log per placed child
-  in the run directory.
+- `stalewise run` with `[cluster] backend = "ray"` finishes a short job with two engine
+  replicas (one per node, behind the replica router), two data-parallel learner workers
+  (gloo, ranks handed out by the placement) and sandboxes on two Docker engines (the second a
+  separate dockerd standing in for a remote host), although one engine child is SIGKILLed
+  after the first model call (its actor restarts it): every model call and admission recorded
+  in PostgreSQL, nothing admitted twice, both replicas served calls, per-token versions as
+  locally, one log per placed child in the run directory.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-pytestmark = [pytest.mark.ray, pytest.mark.postgres, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.postgres, pytest.mark.docker, pytest.mark.slow]
 
 SCENARIOS = Path(__file__).with_name("ray_scenarios.py")
 PG_SOCKET_DIR = os.environ.get("STALEWISE_TEST_PG_SOCKET_DIR", "/tmp")
@@ -42,7 +44,7 @@ def socket_url(tcp_url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def ray_report(tmp_path_factory) -> dict:
+def ray_report(tmp_path_factory, _second_dockerd) -> dict:
     import ray  # noqa: F401  (a test dependency: scripts/setup.sh installs it)
 
     from tests.conftest import PG_ADMIN_URL
@@ -60,11 +62,13 @@ def ray_report(tmp_path_factory) -> dict:
     report = workdir / "report.json"
     db = socket_url(PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name)
     inner = f"{sys.executable} {SCENARIOS} {report} {workdir} '{db}' placement job"
+    second_docker = _second_dockerd.start()  # its unix socket is reachable in the namespace
     try:
         done = subprocess.run(["unshare", "-n", "sh", "-c",
                                f"ip link set lo up && exec {inner}"],
                               capture_output=True, text=True, timeout=1800,
-                              cwd=Path(__file__).resolve().parents[2])
+                              cwd=Path(__file__).resolve().parents[2],
+                              env={**os.environ, "STALEWISE_TEST_SECOND_DOCKER": second_docker})
         assert report.is_file(), (f"the scenario wrote no report (code {done.returncode}):\n"
                                   f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
         data = json.loads(report.read_text())
@@ -139,17 +143,22 @@ def test_no_room_is_refused_with_the_reason(ray_report):
 def test_job_runs_end_to_end_on_ray_through_an_engine_restart(ray_report):
     job = _section(ray_report, "job")
     assert job["returncode"] == 0, job["output_tail"]
-    # the engine child was killed after its first call and its actor restarted it
+    # one engine child was killed after its first call and its actor restarted it
     assert job["engine_killed_pid"] is not None
     assert job["engine_restarted_pid"] not in (None, -1, job["engine_killed_pid"])
-    assert job["dispatch_paused_and_resumed"] == [True, True]
     assert job["run_status"] == "finished"
     assert job["learner_steps"] == 2
     assert job["model_calls"] > 0
     assert job["admitted"] >= 8  # two steps of batch_size 4
     assert job["admitted"] == job["admitted_distinct"]
+    # both replicas served model calls before the kill (the router spreads new sessions)
+    assert job["engines_before_kill"] == 2
+    # sandboxes were placed on both Docker engines
+    hosts = job["sandbox_hosts"]
+    assert hosts is not None and len(hosts) == 2
+    assert all(h["placed"] > 0 for h in hosts.values()), hosts
     # per-token versions recorded as locally: the evaluation after training ran on the
-    # Ray-placed engine with the learner's last published version
+    # Ray-placed engines with the learner's last published version (rank 0 publishes)
     assert job["tokens_recorded"] > 0 and job["published_versions"] == 2
     assert job["token_versions"][0] == 0 and job["token_versions"][-1] == 2
-    assert {"engine-0.log", "learner-0.log"} <= set(job["logs"])
+    assert {"engine-0.log", "engine-1.log", "learner-0.log", "learner-1.log"} <= set(job["logs"])

@@ -107,7 +107,7 @@ def start_engine(job: JobConfig, model_dir: Path, version: int, run_dir: Path):
     from engine.launch import EngineProcess, VllmProcess
 
     if job.engine.kind == "vllm":
-        return VllmProcess.start(model_dir, port=job.engine.port or 8000,
+        return VllmProcess.start(model_dir, port=job.engine.port, initial_version=version,
                                  extra_args=tuple(job.engine.extra_args),
                                  log_path=run_dir / "engine.log",
                                  startup_timeout=job.engine.startup_timeout_s)
@@ -249,7 +249,8 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                                    tool_listing=job.model.tool_listing)
     started = time.monotonic()
     async with AsyncExitStack() as stack:
-        client = await stack.enter_async_context(engine_client(url, backend=backend))
+        client = await stack.enter_async_context(engine_client(url, backend=backend,
+                                                                  initial_version=version))
         await client.wait_ready(job.engine.startup_timeout_s)
         writer = StoreWriter(store)
         pools = PoolSet(job.sandbox, run_id, is_run_finished=store.run_is_finished)

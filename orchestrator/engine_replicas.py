@@ -104,7 +104,7 @@ def job_engine_client(cfg: EngineConfig, *, single_url: str | None,
     replica at the newest weights) or over `cfg.urls`."""
     backend = "vllm" if cfg.kind == "vllm" else "stalewise"
     if single_url is not None:
-        return engine_client(single_url, backend=backend)
+        return engine_client(single_url, backend=backend, initial_version=version)
     urls = local.urls if local is not None else list(cfg.urls)
     clients = [engine_client(u, backend=backend, initial_version=version) for u in urls]
     return ReplicaRouter(clients, restart=local.restart if local is not None else None,

@@ -135,7 +135,7 @@ def start_engine(job: JobConfig, model_dir: Path, version: int, run_dir: Path):
     from engine.launch import EngineProcess, VllmProcess
 
     if job.engine.kind == "vllm":
-        return VllmProcess.start(model_dir, port=job.engine.port or 8000,
+        return VllmProcess.start(model_dir, port=job.engine.port, initial_version=version,
                                  extra_args=tuple(job.engine.extra_args),
                                  log_path=run_dir / "engine.log",
                                  startup_timeout=job.engine.startup_timeout_s)

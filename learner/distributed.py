@@ -131,7 +131,16 @@ def launch_peers(argv: Sequence[str], world_size: int) -> tuple[Workers, list[su
     return Workers(rank=0, world_size=world_size), peers
 
 
-def exit_when_a_peer_dies(peers: Sequence[subprocess.Popen], log=print) -> None:
+def log_line(text: str, flush: bool = True) -> None:
+    """Print `text` as one write: the ranks of a data-parallel learner share one log file, and
+    `print` under PYTHONUNBUFFERED writes the text and its newline separately, so two ranks'
+    lines could run together."""
+    sys.stdout.write(text + "\n")
+    if flush:
+        sys.stdout.flush()
+
+
+def exit_when_a_peer_dies(peers: Sequence[subprocess.Popen], log=log_line) -> None:
     """Rank 0 exits (code 1) as soon as a peer it started exits on its own: its collectives
     would otherwise wait for the dead peer until the timeout."""
     def watch() -> None:

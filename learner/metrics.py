@@ -80,7 +80,9 @@ class ConsoleSink:
         parts += [f"{k}={report.metrics[k]:.4g}" for k in keys]
         if report.published_version is not None:
             parts.append(f"published v{report.published_version}")
-        print("  ".join(parts), file=self._stream or sys.stdout, flush=True)
+        stream = self._stream or sys.stdout
+        stream.write("  ".join(parts) + "\n")  # one write: other ranks share this log
+        stream.flush()
 
     def close(self) -> None:
         pass

@@ -31,6 +31,7 @@ from learner.distributed import (
     exit_when_a_peer_dies,
     init_process_group,
     launch_peers,
+    log_line,
     workers_from_env,
 )
 from learner.metrics import ConsoleSink, StepReport
@@ -137,7 +138,7 @@ def _join_workers(cfg: LearnerConfig, argv: list[str] | None, log
 
 
 def serve(*, db_url: str, run_id: str, cfg: LearnerConfig, model_dir: Path, publish_root: Path,
-          steps: int, poll_s: float = 0.2, log=print, argv: list[str] | None = None) -> int:
+          steps: int, poll_s: float = 0.2, log=log_line, argv: list[str] | None = None) -> int:
     """Run the learner; with `[learner] workers` > 1 this is one rank of several, and only
     rank 0 opens the store (`argv`: this command, to start the peers with)."""
     workers, device, peers = _join_workers(cfg, argv, log)

@@ -10,6 +10,7 @@ so a new mode is covered without editing this file.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -206,3 +207,21 @@ def test_mini_batches_run_the_single_process_number_of_optimizer_steps(tiny, two
     steps = report["metrics"]["learner/optimizer_steps"]
     assert steps == expected_report["metrics"]["learner/optimizer_steps"] == 2 * 3
     assert report["num_samples"] == expected_report["num_samples"]
+
+
+def test_ranks_sharing_one_log_file_write_whole_lines(tmp_path):
+    """The ranks of a data-parallel learner inherit one log file; with unbuffered stdout (as
+    many CI runners set it) every line must still reach it in one piece, or the JSON lines the
+    job reads back run together."""
+    script = ("import json, sys\nfrom learner.distributed import log_line\n"
+              "for i in range(3000):\n"
+              "    log_line(json.dumps({'event': 'learner worker ready', 'rank': sys.argv[1], "
+              "'i': i}))\n")
+    log = tmp_path / "learner.log"
+    with open(log, "ab") as out:
+        ranks = [subprocess.Popen([sys.executable, "-c", script, str(rank)], stdout=out,
+                                  env=child_env({"PYTHONUNBUFFERED": "1"})) for rank in (0, 1)]
+        assert [rank.wait(60) for rank in ranks] == [0, 0]
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted((line["rank"], line["i"]) for line in lines) == sorted(
+        (rank, i) for rank in ("0", "1") for i in range(3000))

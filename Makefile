@@ -15,7 +15,7 @@ demo-long: setup
 
 test: setup
 	bash scripts/ensure_postgres.sh
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=40
 
 # Unit tests only (no Docker, no PostgreSQL, nothing slow).
 test-fast:

@@ -77,8 +77,11 @@ def open_pool(spec: SandboxSpec | None = None, *, backend: Backend = "docker",
         def on_hosts() -> Sandbox:
             return make_sandbox(spec, run_id=run_id, runtime=runtime, hosts=hosts)
 
-        return SandboxPool(on_hosts, size=size, max_live=max_live, reuse=reuse,
-                           on_start=hosts.remove_orphans, start_concurrency=start_concurrency)
+        pool = SandboxPool(on_hosts, size=size, max_live=max_live, reuse=reuse,
+                           on_start=hosts.remove_orphans, start_concurrency=start_concurrency,
+                           on_warm=hosts.wake)
+        hosts.add_idle_source(pool.evict_idle)  # its warm sandboxes yield to waiting ones
+        return pool
     kind, client = resolve_backend(backend)
 
     def factory() -> Sandbox:

@@ -76,6 +76,7 @@ class DockerSandbox(SessionSandbox):
         self._transport: AttachTransport | None = None
         self._session: AgentSession | None = None
         self._closed = False
+        self.started_ahead = False  # set by a pool: no trajectory waits for it (HostSet.reserve)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -102,7 +103,7 @@ class DockerSandbox(SessionSandbox):
 
     async def _place(self, hosts: HostSet) -> None:
         """Take a slot on a reachable host (may wait for room); `_discard` gives it back."""
-        host = await hosts.reserve()
+        host = await hosts.reserve(ahead=self.started_ahead)
         self.host, self._holds_slot, self._client = host, True, host.client
         self._host_epoch = host.stats["went_down"]
 

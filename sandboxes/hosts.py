@@ -4,6 +4,10 @@
 - placement: a new sandbox goes to the reachable host with the lowest load (live sandboxes over
   capacity; a host without a capacity weighs like the largest capped one), ties to the host
   listed first; `reserve()` waits while every reachable host is full;
+- demand before cache: a sandbox started ahead (`reserve(ahead=True)`) takes no slot while a
+  sandbox a trajectory waits for does, and such a waiting trajectory has an idle warm sandbox
+  of any pool on a full reachable host closed for it (`add_idle_source`), so warm sandboxes of
+  one pool (or of one spec) cannot hold the last slots while another waits;
 - capacity: at most `capacity` sandboxes of this job are alive on a host at once, whatever
   their spec (a slot is taken by `reserve()` and given back by `release()`, exactly once per
   sandbox);
@@ -32,7 +36,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import anyio
 
@@ -150,6 +154,9 @@ class HostSet:
         self.base_backoff_s = base_backoff_s
         self.connect_timeout_s = connect_timeout_s
         self._released: anyio.Event | None = None  # made on first use, inside the event loop
+        self._idle_sources: list[Callable[[Callable[[object], bool]], bool]] = []
+        self._waiting_takers = 0  # reserve() calls for a trajectory, waiting for a slot
+        self._evicting = 0  # warm sandboxes being closed for them, not yet released
         self._image_locks: dict[tuple[str, str], threading.Lock] = {}
         self._image_guard = threading.Lock()
 
@@ -163,9 +170,28 @@ class HostSet:
         caps = [h.capacity for h in self.hosts if h.capacity is not None]
         return host.live / (host.capacity or (max(caps) if caps else 1))
 
-    async def reserve(self) -> DockerHost:
+    def add_idle_source(self, evict: Callable[[Callable[[object], bool]], bool]) -> None:
+        """`evict(where)` closes one idle warm sandbox that `where` accepts and says whether it
+        did (`SandboxPool.evict_idle`); call `wake()` when a sandbox becomes idle."""
+        self._idle_sources.append(evict)
+
+    def _evict_for_takers(self, candidates: list[DockerHost]) -> None:
+        """Close one idle sandbox on a full reachable host, unless enough are being closed
+        already for the trajectories waiting."""
+        if self._evicting >= self._waiting_takers:
+            return
+        full = [h for h in candidates if not h.free()]
+        for evict in self._idle_sources:
+            if evict(lambda sandbox: any(getattr(sandbox, "host", None) is h for h in full)):
+                self._evicting += 1
+                log.info("every Docker host is full: closing a warm sandbox for a waiting "
+                         "trajectory")
+                return
+
+    async def reserve(self, *, ahead: bool = False) -> DockerHost:
         """A slot on the least-loaded reachable host with room, connected; waits while every
-        reachable host is full. A host whose backoff has passed is pinged before use."""
+        reachable host is full. A host whose backoff has passed is pinged before use. `ahead`:
+        for a sandbox nobody waits for yet, which yields to every waiting trajectory."""
         while True:
             now = time.monotonic()
             candidates = [h for h in self.hosts if h.retry_at <= now and not h.probing]
@@ -173,7 +199,7 @@ class HostSet:
                 raise HostUnreachable("every Docker host is unreachable (retried with backoff): "
                                       + "; ".join(f"{h.url}: {h.last_error}" for h in self.hosts))
             free = [h for h in candidates if h.free()]
-            if free:
+            if free and not (ahead and self._waiting_takers):
                 host = min(free, key=self._load)  # min keeps the first of equals
                 host.live += 1
                 try:
@@ -189,15 +215,27 @@ class HostSet:
             waiting = [h.retry_at - now for h in self.hosts if h.retry_at > now]
             if self._released is None:
                 self._released = anyio.Event()
-            with anyio.move_on_after(min(waiting) if waiting else math.inf):
-                await self._released.wait()
+            released = self._released
+            if not ahead:
+                self._waiting_takers += 1
+                self._evict_for_takers(candidates)
+            try:
+                with anyio.move_on_after(min(waiting) if waiting else math.inf):
+                    await released.wait()
+            finally:
+                if not ahead:
+                    self._waiting_takers -= 1
+                    if not self._waiting_takers:
+                        self.wake()  # sandboxes started ahead may take slots again
 
     def release(self, host: DockerHost) -> None:
         host.live -= 1
-        self._wake()
+        self._evicting = max(0, self._evicting - 1)
+        self.wake()
 
-    def _wake(self) -> None:
-        """Let waiting `reserve()` calls look again (a slot was freed or a ping ended)."""
+    def wake(self) -> None:
+        """Let waiting `reserve()` calls look again (a slot was freed, a ping ended, or a
+        sandbox went idle)."""
         if self._released is not None:
             released, self._released = self._released, None
             released.set()
@@ -214,7 +252,7 @@ class HostSet:
             raise HostUnreachable(str(exc)) from None
         finally:
             host.probing = False
-            self._wake()
+            self.wake()
         came_back = host.down
         host.client, host.failures, host.retry_at = client, 0, 0.0
         if came_back:

@@ -18,6 +18,10 @@ Guarantees:
   `SandboxError` with the last error when it had to start one itself and every attempt failed;
   exec is never retried by the pool (retrying is the tool layer's decision, for idempotent tools);
 - `on_start` (for example orphan cleanup) runs once before the first sandbox is created;
+- warm sandboxes are a cache: `evict_idle` closes one (for a capacity shared with other
+  pools, `sandboxes.hosts`, where a trajectory waiting for room comes before a warm sandbox
+  nobody has asked for), and `on_warm` is called whenever one becomes warm. A sandbox started
+  ahead has `started_ahead` set (when it has that attribute) before `start()`;
 - leaving the `async with` closes every sandbox the pool still holds; every background job
   (start-ahead, closing, container renames) runs in the pool's own task group.
 """
@@ -48,7 +52,8 @@ class SandboxPool:
     def __init__(self, factory: SandboxFactory, *, size: int = 4, max_live: int = 16,
                  start_concurrency: int = 4, create_attempts: int = 3,
                  retry_backoff_s: float = 0.5, reuse: bool = False,
-                 on_start: Callable[[], Awaitable[Any]] | None = None) -> None:
+                 on_start: Callable[[], Awaitable[Any]] | None = None,
+                 on_warm: Callable[[], None] | None = None) -> None:
         if size < 0 or max_live < 1 or size > max_live:
             raise ValueError(f"pool needs 0 <= size <= max_live and max_live >= 1; got "
                              f"size={size}, max_live={max_live}")
@@ -61,6 +66,7 @@ class SandboxPool:
         self.retry_backoff_s = retry_backoff_s
         self.reuse = reuse
         self.on_start = on_start
+        self.on_warm = on_warm
         self._start_limiter = anyio.Semaphore(start_concurrency)
         self._warm: deque[Sandbox] = deque()
         self._live = 0  # warm + starting + in use + closing
@@ -69,9 +75,10 @@ class SandboxPool:
         self._last_error: BaseException | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._closing = False
-        # cold: started on the acquire path, not ahead; dropped: warm but no longer usable
+        # cold: started on the acquire path, not ahead; dropped: warm but no longer usable;
+        # evicted: warm, closed to give its room to a sandbox someone waits for
         self.stats = {"started": 0, "start_failures": 0, "acquired": 0, "waited": 0,
-                      "cold_starts": 0, "dropped_unusable": 0}
+                      "cold_starts": 0, "dropped_unusable": 0, "evicted": 0}
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def __aenter__(self) -> "SandboxPool":
@@ -116,22 +123,42 @@ class SandboxPool:
 
     async def _start_ahead(self) -> None:
         try:
-            sandbox = await self._create()
+            sandbox = await self._create(ahead=True)
         except SandboxError as exc:
             self._live -= 1
             self._last_error = exc
             log.warning("sandbox pool: start-ahead failed: %s", exc)
         else:
-            self._warm.append(sandbox)
+            self._add_warm(sandbox)
         finally:
             self._starting -= 1
             self._notify()
 
-    async def _create(self) -> Sandbox:
+    def _add_warm(self, sandbox: Sandbox) -> None:
+        self._warm.append(sandbox)
+        self._notify()
+        if self.on_warm is not None:
+            self.on_warm()
+
+    def evict_idle(self, where: Callable[[Sandbox], bool] = lambda sandbox: True) -> bool:
+        """Close the oldest warm sandbox that `where` accepts; False when there is none."""
+        if self._tg is None or self._closing:
+            return False
+        for sandbox in self._warm:
+            if where(sandbox):
+                self._warm.remove(sandbox)
+                self.stats["evicted"] += 1
+                self._tg.start_soon(self._close, sandbox)
+                return True
+        return False
+
+    async def _create(self, *, ahead: bool = False) -> Sandbox:
         """Start one sandbox, retrying; the caller has already reserved a live slot."""
         delay = self.retry_backoff_s
         for attempt in range(1, self.create_attempts + 1):
             sandbox = self.factory()
+            if ahead and hasattr(sandbox, "started_ahead"):
+                sandbox.started_ahead = True  # type: ignore[attr-defined]
             try:
                 async with self._start_limiter:
                     await sandbox.start()
@@ -208,8 +235,7 @@ class SandboxPool:
                 except SandboxError as exc:
                     log.warning("sandbox pool: reset failed, closing instead: %s", exc)
                 else:
-                    self._warm.append(sandbox)
-                    self._notify()
+                    self._add_warm(sandbox)
                     return
             if self._tg is not None and not self._closing:
                 self._tg.start_soon(self._close, sandbox)

@@ -1,7 +1,8 @@
 """`stalewise run` with sandboxes on two Docker engines, one of which is lost mid-job.
 
-Contract: with `[sandbox] hosts` listing the first engine and a second dockerd (capacity 8
-each), containers run on both; SIGKILLing the second engine (dockerd, containerd, shims
+Contract: with `[sandbox] hosts` listing the first engine (capacity 2: scarce once the other
+is gone, with 4 trajectories in flight and warm pools) and a second dockerd (capacity 8),
+containers run on both; SIGKILLing the second engine (dockerd, containerd, shims
 and containers) while a trajectory uses it marks the host down and counts its sandboxes as
 lost; a trajectory that still needed its lost sandbox ends as an infrastructure error
 (`infra_error`, naming the host) and none of them reaches the learner, the job finishes on the
@@ -50,7 +51,7 @@ def test_losing_the_second_docker_engine_mid_job_fails_only_its_trajectories(
     config = write_config(tmp_path, model_dir, steps=STEPS, family=f"{example}:family",
                           options="{ max_lines = 6 }")
     text = config.read_text().replace("[sandbox]\n", "[sandbox]\nhosts = [\n"
-                                      '  { url = "unix:///var/run/docker.sock", capacity = 8 },\n'
+                                      '  { url = "unix:///var/run/docker.sock", capacity = 2 },\n'
                                       f'  {{ url = "{second_docker_host.url}", capacity = 8 }},\n'
                                       "]\n")
     config.write_text(text)

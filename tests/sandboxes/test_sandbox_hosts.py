@@ -20,10 +20,12 @@ import pytest
 from sandboxes.api import HostUnreachable, SandboxSpec
 from sandboxes.backends import open_pool
 from sandboxes.cleanup import list_containers
+from sandboxes.docker_backend import DockerSandbox
 from sandboxes.engine import connect, docker_host
 from sandboxes.host_config import DockerHostConfig
 from sandboxes.hosts import HostSet, SshForward
 from sandboxes.image import build_image, image_exists
+from sandboxes.pool import SandboxPool
 from stalewise.config import parse_config
 from stalewise.config_errors import ConfigError
 
@@ -187,3 +189,75 @@ async def test_a_lost_engine_fails_its_sandboxes_and_is_retried_with_backoff(
                         break
                     await anyio.sleep(0.2)
     assert not two.down and two.stats["came_back"] == 1
+
+
+class _GatedSandbox(DockerSandbox):
+    """Holds its host slot at a gate after placement, so a test can order the race between a
+    sandbox started ahead and a trajectory that arrives while it starts."""
+
+    gate: anyio.Event
+
+    async def _start(self) -> None:
+        await self.gate.wait()
+        await super()._start()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_a_trajectory_waiting_for_the_last_slot_gets_it_from_a_warm_sandbox(
+        docker_client, isolated_installation):
+    """Capacity 1: the pool's start-ahead holds the only slot when a trajectory arrives and
+    parks waiting for room. Once that sandbox is warm it is closed for the trajectory, which then
+    starts (before, the trajectory waited forever beside an idle warm sandbox)."""
+    run_id = f"hosts-{uuid.uuid4().hex[:8]}"
+    hosts = HostSet([DockerHostConfig(url=docker_host(), capacity=1)])
+    gate = anyio.Event()
+
+    def gated() -> DockerSandbox:
+        sandbox = _GatedSandbox(SandboxSpec(), run_id=run_id, hosts=hosts)
+        sandbox.gate = gate
+        return sandbox
+
+    pool = SandboxPool(gated, size=1, max_live=4, on_warm=hosts.wake)
+    hosts.add_idle_source(pool.evict_idle)
+    async with pool:
+        with anyio.fail_after(60):  # hang guard
+            while hosts.hosts[0].live < 1:  # the start-ahead has the slot, held at the gate
+                await anyio.sleep(0.01)
+        async with anyio.create_task_group() as tg:
+            ran: list[str] = []
+
+            async def trajectory() -> None:
+                async with pool.acquire(trajectory_id="t1") as sandbox:
+                    ran.append((await sandbox.exec("echo ran")).stdout)
+
+            tg.start_soon(trajectory)
+            await wait_all_tasks_blocked()  # it waits for the slot (takes no warm: none yet)
+            assert pool.stats["cold_starts"] == 1 and not ran
+            gate.set()
+            with anyio.fail_after(120):  # hang guard: the deadlock this test is about
+                while not ran:
+                    await anyio.sleep(0.05)
+    assert ran == ["ran\n"] and pool.stats["evicted"] == 1
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_warm_sandboxes_of_one_spec_yield_their_slots_to_another_spec(
+        docker_client, isolated_installation):
+    """Two pools share a host of capacity 2; the first fills both slots with warm sandboxes
+    nobody asked for. A trajectory of the second spec still gets a sandbox: a warm one of the
+    first pool is closed for it, and the first pool's refill waits behind it."""
+    run_id = f"hosts-{uuid.uuid4().hex[:8]}"
+    hosts = HostSet([DockerHostConfig(url=docker_host(), capacity=2)])
+    async with open_pool(SandboxSpec(), run_id=run_id, size=2, max_live=4,
+                         hosts=hosts) as first, \
+            open_pool(SandboxSpec(scratch_dirs=("/logs",)), run_id=run_id, size=0, max_live=4,
+                      hosts=hosts) as second:
+        await first.wait_warm(2)
+        assert hosts.hosts[0].live == 2
+        with anyio.fail_after(120):  # hang guard
+            async with second.acquire(trajectory_id="t1") as sandbox:
+                assert (await sandbox.exec("test -d /logs && echo second")).stdout == "second\n"
+                assert hosts.hosts[0].live == 2  # within capacity all along
+        assert first.stats["evicted"] == 1 and second.stats["cold_starts"] == 1

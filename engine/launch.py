@@ -53,6 +53,7 @@ class _Child:
     log_path: Path
     workdir: Path
     final_log: str | None = field(default=None)
+    own_group: bool = False  # the process leads a process group of its own (its helpers too)
 
     def log_tail(self, chars: int = 4000) -> str:
         if self.final_log is not None:
@@ -88,10 +89,40 @@ class _Child:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.own_group:  # helpers left behind when it died (vLLM's EngineCore): end them
+            _end_group(self.process.pid, timeout)
         if self.final_log is None and self.log_path.parent == self.workdir:
             self.final_log = self.log_tail(100_000)  # keep the log, drop the temp dir
             shutil.rmtree(self.workdir, ignore_errors=True)
         return self.process.returncode
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group `pgid`, from /proc."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry))
+    return members
+
+
+def _end_group(pgid: int, timeout: float) -> None:
+    """SIGTERM every process left in group `pgid`, then SIGKILL what is still there."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + (timeout if sig == signal.SIGTERM else 10.0)
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def _wait_port_file(path: Path, process: subprocess.Popen, timeout: float, log: Path) -> int:
@@ -302,10 +333,12 @@ class VllmProcess(EngineProcess):
             shutil.rmtree(workdir, ignore_errors=True)
             raise
         with open(log, "ab") as log_file:
+            # a group of its own: vLLM's engine core and workers are its children, and outlive
+            # it when it is SIGKILLed; stopping ends the whole group
             process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=vllm_env,
-                                       preexec_fn=death_signal_hook())
-        child = _Child(process, f"http://{host}:{port}", log, workdir)
+                                       preexec_fn=death_signal_hook(), start_new_session=True)
+        child = _Child(process, f"http://{host}:{port}", log, workdir, own_group=True)
         try:
             child.wait_healthy(startup_timeout, "vLLM")
         except BaseException:

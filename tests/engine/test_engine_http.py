@@ -408,3 +408,25 @@ def test_an_engine_does_not_outlive_a_crashed_parent(model_v0):
         time.sleep(0.1)
     os.kill(child, signal.SIGKILL)
     raise AssertionError("the engine kept running after its parent was killed")
+
+
+def test_stopping_a_server_in_its_own_group_ends_the_helpers_it_left(tmp_path):
+    """vLLM's server runs its engine core and workers as children; when the server itself is
+    SIGKILLed they stay alive (gigabytes each). Stopping it ends every process of its group."""
+    import os
+    import time
+
+    from engine.launch import _Child, group_members
+
+    server = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 600 & wait"],
+                              start_new_session=True)
+    child = _Child(server, "http://127.0.0.1:0", tmp_path / "log", tmp_path, own_group=True)
+    deadline = time.monotonic() + 30
+    while len(group_members(server.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(group_members(server.pid)) == 3  # the server and its two helpers
+    os.kill(server.pid, signal.SIGKILL)
+    server.wait()
+    assert len(group_members(server.pid)) == 2  # the helpers outlive it
+    child.terminate(5.0)
+    assert group_members(server.pid) == []

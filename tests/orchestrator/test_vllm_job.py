@@ -24,6 +24,7 @@ import pytest
 from sqlalchemy import select
 from test_job_faults import alive, check_exactly_once, children_of, learner_steps, wait_for
 
+from engine.launch import group_members
 from stalewise.store import schema as s
 from stalewise.store.store import Store
 
@@ -122,6 +123,9 @@ def test_vllm_killed_mid_run_fails_clearly_then_resume_finishes(tmp_path, smollm
     finally:
         store.close()
     wait_for(lambda: not any(alive(p) for p in engines), 60, "vLLM to exit")
+    # its engine core and workers too (they outlived a SIGKILLed server: 3.7 GB left behind)
+    assert not group_members(engines[0]), [Path(f"/proc/{p}/cmdline").read_bytes()
+                                           for p in group_members(engines[0])]
 
     resumed = run(config, "--resume", failed.id)
     output, _ = resumed.communicate(timeout=1800)

@@ -81,6 +81,18 @@ def _run_cli(args: list[str]) -> str:
     return done.stdout
 
 
+def _smaller_quick(tmp_path: Path) -> Path:
+    """The shipped config with a smaller `--quick` (these tests check what the commands write,
+    not the figures; the shipped quick run takes about a minute each on 2 cores)."""
+    text = SHIPPED.read_text()
+    for old, new in (("horizons = [4, 16, 64]\nreplicates = 200", "horizons = [4, 8]\nreplicates = 30"),
+                     ("updates = 50\nseeds = 2", "updates = 10\nseeds = 2")):
+        assert old in text, f"configs/lab.toml's quick section changed: update {old!r} here"
+        text = text.replace(old, new)
+    (tmp_path / "lab.toml").write_text(text)
+    return tmp_path / "lab.toml"
+
+
 def _png(path: Path) -> bool:
     return path.stat().st_size > 10_000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -88,10 +100,11 @@ def _png(path: Path) -> bool:
 @pytest.mark.slow
 def test_quick_estimators_command_writes_table_json_and_plots(tmp_path):
     out = tmp_path / "out"
-    stdout = _run_cli(["lab", "estimators", str(SHIPPED), "--quick", "--json",
+    config = _smaller_quick(tmp_path)
+    stdout = _run_cli(["lab", "estimators", str(config), "--quick", "--json",
                        str(tmp_path / "rows.json"), "--out-dir", str(out)])
     rows = json.loads((tmp_path / "rows.json").read_text())
-    cfg = load_lab_config(SHIPPED).quick()
+    cfg = load_lab_config(config).quick()
     cells = sum(len(m.levels) for m in cfg.estimators.mismatch) * len(cfg.estimators.horizons)
     assert len(rows) == cells * len(cfg.estimators.presets)
     for key in ("estimator", "T", "mismatch", "level", "bias", "bias_se", "variance", "mse",
@@ -106,9 +119,10 @@ def test_quick_estimators_command_writes_table_json_and_plots(tmp_path):
 
 @pytest.mark.slow
 def test_quick_learning_command_writes_table_json_and_plots(tmp_path):
-    stdout = _run_cli(["lab", "learning", str(SHIPPED), "--quick", "--out-dir", str(tmp_path)])
+    config = _smaller_quick(tmp_path)
+    stdout = _run_cli(["lab", "learning", str(config), "--quick", "--out-dir", str(tmp_path)])
     data = json.loads((tmp_path / "learning.json").read_text())
-    cfg = load_lab_config(SHIPPED).quick()
+    cfg = load_lab_config(config).quick()
     setups = len(cfg.learning.modes) * len(cfg.learning.presets)
     assert len(data["setups"]) == setups
     assert len(data["curves"]) == setups * cfg.learning.seeds

@@ -38,46 +38,11 @@ def model_dir(tmp_path_factory) -> Path:
     return init_tiny(tmp_path_factory.mktemp("model") / "tiny")
 
 
-def test_a_job_with_two_learner_workers_records_steps_and_versions(tmp_path, model_dir):
-    config = write_config(tmp_path, model_dir, steps=2)
-    text = config.read_text().replace("[sandbox]\n", '[sandbox]\nbackend = "local"\n')
-    config.write_text(text.replace("[learner]\n", "[learner]\nworkers = 2\n"))
-    proc = start(config)
-    output, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, output
-    store = Store.open(f"sqlite:///{tmp_path}/store.db")
-    run = store.runs()[0]
-    assert run.status == "finished" and run.summary["learner_steps"] == 2
-    check_exactly_once(store, run.id, steps=2)
-    steps = store.learner_steps(run.id)
-    with store.engine.connect() as c:
-        versions = list(c.execute(select(s.PolicyVersion.version, s.PolicyVersion.learner_step,
-                                         s.PolicyVersion.last_seq)
-                                  .where(s.PolicyVersion.run_id == run.id)
-                                  .order_by(s.PolicyVersion.version)))
-        consumed = list(c.execute(select(s.StreamEntry.trajectory_id)
-                                  .where(s.StreamEntry.run_id == run.id,
-                                         s.StreamEntry.seq <= steps[-1].last_seq,
-                                         s.StreamEntry.loss_masked.is_(False))))
-        with_logprobs = c.execute(
-            select(func.count(func.distinct(s.ModelCall.trajectory_id)))
-            .join(s.TrainerLogprobs, s.TrainerLogprobs.model_call_id == s.ModelCall.id)
-            .where(s.TrainerLogprobs.run_id == run.id)).scalar_one()
-    assert [(v.version, v.learner_step) for v in versions] == [(1, 1), (2, 2)]
-    assert [v.last_seq for v in versions] == [r.last_seq for r in steps]
-    assert [r.policy_version for r in steps] == [0, 1]
-    assert all(r.num_samples == r.last_seq - r.first_seq + 1 for r in steps), \
-        "a step's report counts both ranks' samples"
-    assert with_logprobs == len(consumed), "trainer log-probs of one rank's share only"
-    log = (tmp_path / "runs" / run.id / "learner.log").read_text()
-    started = [json.loads(line) for line in log.splitlines() if '"learner started"' in line]
-    assert started and started[0]["workers"] == 2
-    store.close()
-
-
-def test_a_killed_learner_worker_restarts_every_rank_from_the_checkpoint(tmp_path, model_dir):
+def test_two_learner_workers_record_steps_and_versions_and_restart_after_a_killed_rank(
+        tmp_path, model_dir):
     """SIGKILL of rank 1: rank 0 exits, the job restarts the learner, and both ranks resume from
-    the last published version; every step and sequence number is still consumed once."""
+    the last published version; every step and sequence number is still consumed once, and the
+    store holds what one worker would have written (one job, for the suite's time)."""
     config = write_config(tmp_path, model_dir, steps=4)
     text = config.read_text().replace("[sandbox]\n", '[sandbox]\nbackend = "local"\n')
     config.write_text(text.replace("[learner]\n", "[learner]\nworkers = 2\n"))
@@ -106,4 +71,26 @@ def test_a_killed_learner_worker_restarts_every_rank_from_the_checkpoint(tmp_pat
     assert resumed[0]["optimizer_state"] == resumed[1]["optimizer_state"] > 0, \
         "both ranks restored the published optimizer state"
     assert f"learner worker {rank1[0]} exited with code -9" in log
+    assert started[0]["workers"] == 2
+    run = store.runs()[0]
+    assert run.status == "finished" and run.summary["learner_steps"] == 4
+    steps = store.learner_steps(run_id)
+    with store.engine.connect() as c:
+        versions = list(c.execute(select(s.PolicyVersion.version, s.PolicyVersion.learner_step,
+                                         s.PolicyVersion.last_seq)
+                                  .where(s.PolicyVersion.run_id == run_id)
+                                  .order_by(s.PolicyVersion.version)))
+        consumed = list(c.execute(select(s.StreamEntry.trajectory_id)
+                                  .where(s.StreamEntry.run_id == run_id,
+                                         s.StreamEntry.seq <= steps[-1].last_seq,
+                                         s.StreamEntry.loss_masked.is_(False))))
+        with_logprobs = c.execute(
+            select(func.count(func.distinct(s.ModelCall.trajectory_id)))
+            .join(s.TrainerLogprobs, s.TrainerLogprobs.model_call_id == s.ModelCall.id)
+            .where(s.TrainerLogprobs.run_id == run_id)).scalar_one()
+    assert [(v.version, v.learner_step) for v in versions] == [(1, 1), (2, 2), (3, 3), (4, 4)]
+    assert [v.last_seq for v in versions] == [r.last_seq for r in steps]
+    assert all(r.num_samples == r.last_seq - r.first_seq + 1 for r in steps), \
+        "a step's report counts both ranks' samples"
+    assert with_logprobs == len(consumed), "trainer log-probs of one rank's share only"
     store.close()

@@ -179,13 +179,12 @@ def check_exactly_once(store: Store, run_id: str, steps: int) -> None:
         assert after.first_seq == before.last_seq + 1, "gap or repeat in consumed sequences"
 
 
-@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
-def test_short_job_finishes_and_cleans_up(tmp_path, model_dir, database, request):
-    db_url = request.getfixturevalue("pg_url") if database == "postgresql" else None
-    proc = start(write_config(tmp_path, model_dir, steps=2, db_url=db_url))
+def test_short_job_on_postgresql_finishes_and_cleans_up(tmp_path, model_dir, pg_url):
+    """(The same on SQLite, the default: test_user_task_file_runs and most job tests.)"""
+    proc = start(write_config(tmp_path, model_dir, steps=2, db_url=pg_url))
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output
-    store = Store.open(db_url) if db_url else open_store(tmp_path)
+    store = Store.open(pg_url)
     run = store.runs()[0]
     assert run.status == "finished" and run.summary["learner_steps"] == 2
     check_exactly_once(store, run.id, steps=2)
@@ -197,7 +196,8 @@ def test_short_job_finishes_and_cleans_up(tmp_path, model_dir, database, request
 
 
 def test_user_task_file_runs(tmp_path, model_dir):
-    """docs/tasks.md's example: a task family in one Python file, named by path in the config."""
+    """docs/tasks.md's example: a task family in one Python file, named by path in the config;
+    on SQLite and Docker the run writes its report and leaves no container behind."""
     example = ROOT / "examples" / "my_task.py"
     proc = start(write_config(tmp_path, model_dir, steps=1, family=f"{example}:family",
                               options="{ max_lines = 6 }"))
@@ -205,11 +205,16 @@ def test_user_task_file_runs(tmp_path, model_dir):
     assert proc.returncode == 0, output
     store = open_store(tmp_path)
     run = store.runs()[0]
+    assert run.status == "finished" and run.summary["learner_steps"] == 1
     check_exactly_once(store, run.id, steps=1)
     with store.engine.connect() as c:
         families = set(c.execute(select(s.TaskInstance.family)
                                  .where(s.TaskInstance.run_id == run.id)).scalars())
     assert families == {"logcount"}
+    report = json.loads((tmp_path / "runs" / run.id / "report.json").read_text())
+    assert [row["step"] for row in report["learning_curve"]] == [1]
+    assert "## learning curve" in (tmp_path / "runs" / run.id / "report.md").read_text()
+    wait_for(lambda: not containers_of(run.id), 60, "the run's containers to be removed")
     store.close()
 
 

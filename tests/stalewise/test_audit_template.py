@@ -1,4 +1,4 @@
-"""`stalewise audit template` on a real short run's database (real engine, Docker, SQLite):
+"""`stalewise audit template` on a real short run's database (real engine, SQLite):
 every stored trajectory re-renders to exactly the tokens the loop sent, and a database whose
 stored prompt tokens were tampered with is flagged, with the first differing token, exit 1."""
 
@@ -8,34 +8,21 @@ import json
 import shutil
 import sqlite3
 import struct
-import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from stalewise.cli import app
-from stalewise.store.store import Store
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "orchestrator"))
-from test_job_faults import start, write_config
-
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def short_run(tmp_path_factory) -> tuple[Path, str]:
-    from engine.tiny import init_tiny
-
-    tmp = tmp_path_factory.mktemp("run")
-    model = init_tiny(tmp / "model" / "tiny")
-    proc = start(write_config(tmp, model, steps=1))
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, output
-    store = Store.open(f"sqlite:///{tmp}/store.db")
-    run_id = store.runs()[0].id
-    store.close()
-    return tmp / "store.db", run_id
+@pytest.fixture
+def short_run(real_run) -> tuple[Path, str]:
+    """The session's short real job (tests/conftest.py): its database file and run id."""
+    url, run_id = real_run
+    return Path(url.removeprefix("sqlite:///")), run_id
 
 
 def _audit(db: Path, run_id: str, *extra: str):

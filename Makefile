@@ -1,7 +1,12 @@
-.PHONY: setup demo demo-long test test-fast bench clean lock
+.PHONY: setup setup-all demo demo-long test test-fast bench clean lock
 
+# What the demos need: .venv, a Docker engine, the sandbox base image.
 setup:
 	bash scripts/setup.sh
+
+# Everything the tests need as well: chat fixtures, Chromium, SmolLM2, .venv-vllm, the MCP SDK.
+setup-all:
+	bash scripts/setup.sh --all
 
 # The main job: tiny model, SFT warm start, RL in inflight mode with real Docker sandboxes.
 # `make demo SEED=1` runs the same job with another seed (run.seed).
@@ -13,7 +18,7 @@ demo: setup
 demo-long: setup
 	.venv/bin/stalewise run configs/long.toml
 
-test: setup
+test: setup-all
 	bash scripts/ensure_postgres.sh
 	.venv/bin/python -m pytest -q --durations=40
 

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# All set-up for `make demo` and `make test`, idempotent and fast on a second run:
-# a virtualenv in .venv with the project installed (CPU torch where there is no GPU), a Docker
-# engine answering `docker info`, and the sandbox base image.
+# Set-up for `make demo` (no argument) and `make test` (`--all`), idempotent and fast on a
+# second run: a virtualenv in .venv with the project installed (CPU torch where there is no GPU),
+# a Docker engine answering `docker info`, and the sandbox base image. `--all` adds what only the
+# tests and the real-model configs use: the MCP SDK folder, chat-template fixtures, Chromium,
+# SmolLM2 (var/models) and .venv-vllm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+  ""|--all) ;;
+  *) echo "setup: unknown argument $1 (none: what make demo needs; --all: what make test needs)" >&2
+     exit 2 ;;
+esac
 PY="${PYTHON:-python3}"
 VENV=.venv
 STAMP="$VENV/.stalewise-installed"
@@ -31,11 +38,13 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ requirements.lock -
   touch "$STAMP"
 fi
 
-bash scripts/ensure_mcp_sdk.sh "$VENV/bin/python"  # MCP SDK folder for in-sandbox MCP servers (tests)
-bash scripts/fetch_chat_fixtures.sh "$VENV/bin/python"
-bash scripts/setup_browser.sh
-bash scripts/fetch_models.sh "$VENV/bin/python"
-bash scripts/setup_vllm.sh  # .venv-vllm: vLLM for the `vllm` tests (STALEWISE_SKIP_VLLM=1 skips)
+if [ "${1:-}" = "--all" ]; then
+  bash scripts/ensure_mcp_sdk.sh "$VENV/bin/python"  # MCP SDK folder for in-sandbox MCP servers
+  bash scripts/fetch_chat_fixtures.sh "$VENV/bin/python"
+  bash scripts/setup_browser.sh
+  bash scripts/fetch_models.sh "$VENV/bin/python"
+  bash scripts/setup_vllm.sh  # .venv-vllm: vLLM for the `vllm` tests (STALEWISE_SKIP_VLLM=1 skips)
+fi
 
 if [ "${STALEWISE_SKIP_DOCKER:-0}" != "1" ]; then
   bash scripts/sandbox_setup.sh "$VENV/bin/stalewise"

@@ -1,6 +1,7 @@
 """`stalewise run` with two embedded engine replicas, one of them SIGKILLed mid-job.
 
-Contract: the job finishes; the sessions that were on the killed replica move to the other one
+Contract (the replica is killed while it generates): the job finishes; the sessions that were
+on the killed replica move to the other one
 and their next model call is recorded with `cached_prompt_tokens` 0 and the reason
 (`sampling.kv_recompute`); nothing is admitted twice and the learner's sequence numbers stay
 contiguous; every sampled token carries the weights version of the replica that produced it;
@@ -13,7 +14,10 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import select
 from test_job_faults import (
@@ -26,6 +30,7 @@ from test_job_faults import (
     write_config,
 )
 
+from stalewise.engine_api import METRICS_ROUTE
 from stalewise.records import INT32, unpack
 from stalewise.store import schema as s
 
@@ -62,6 +67,25 @@ def model_calls(store, run_id: str) -> list:
             .where(s.Trajectory.run_id == run_id)))
 
 
+def running_requests(pid: int) -> int:
+    """Requests the engine process `pid` is generating now (its /stalewise/metrics)."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    port = Path(argv[argv.index("--port-file") + 1]).read_text().strip()
+    try:
+        return int(httpx.get(f"http://127.0.0.1:{port}{METRICS_ROUTE}", timeout=2).json()
+                   ["engine/running"])
+    except httpx.HTTPError:
+        return 0
+
+
+def generating(pids: list[int]) -> int | None:
+    """A replica with requests in flight, whose sessions must move when it dies (between two
+    batches of trajectories no replica has any, and a kill there moves nothing)."""
+    busy = {pid: running_requests(pid) for pid in pids}
+    busiest = max(pids, key=busy.__getitem__)
+    return busiest if busy[busiest] > 0 else None
+
+
 def test_a_killed_replica_fails_over_and_the_job_finishes(tmp_path, model_dir):  # noqa: F811
     proc = start(replica_config(tmp_path, model_dir))
     try:
@@ -70,7 +94,12 @@ def test_a_killed_replica_fails_over_and_the_job_finishes(tmp_path, model_dir): 
         first = children_running(proc.pid, "engine")
         # early, so that on an idle machine the restarted replica serves part of the job
         wait_for(lambda: calls_stored(tmp_path) >= 4, 300, "the first model calls")
-        os.kill(first[0], signal.SIGKILL)
+        deadline = time.monotonic() + 300
+        victim = None
+        while victim is None:  # polled without a pause: a batch's calls take a fraction of a s
+            assert time.monotonic() < deadline, "no replica was ever generating"
+            victim = generating(first)
+        os.kill(victim, signal.SIGKILL)
         output, _ = proc.communicate(timeout=600)  # hang guard
     finally:
         if proc.poll() is None:

@@ -1,9 +1,8 @@
 """`stalewise run` with two embedded engine replicas, one of them SIGKILLed mid-job.
 
 Contract (the replica is killed while it generates): the job finishes; the sessions that were
-on the killed replica move to the other one
-and their next model call is recorded with `cached_prompt_tokens` 0 and the reason
-(`sampling.kv_recompute`); nothing is admitted twice and the learner's sequence numbers stay
+on the killed replica move to the other one and their next model call is recorded with
+`cached_prompt_tokens` 0 and the reason (`sampling.kv_recompute`); nothing is admitted twice and the learner's sequence numbers stay
 contiguous; every sampled token carries the weights version of the replica that produced it;
 the killed replica is restarted (whether it is back before the job ends depends on the machine's
 load; `test_engine_replicas.py` checks that a restarted replica serves).

@@ -237,6 +237,10 @@ class LearnerConfig(_Strict):
         None, description="checkpoint for the KL reference; None = the starting checkpoint"
     )
     device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda'")
+    threads: int | None = Field(
+        None, ge=1, description="torch CPU threads of `learner serve` (the job's learner); None "
+        "= torch's default, one per core. Where the engine and sandboxes share the cores, 1 "
+        "avoids oversubscription (bench/learner_threads.py measures it)")
     dtype: Literal["float32", "bfloat16"] = "float32"
     seed: int = 0
     record_trainer_logprobs: bool = Field(

@@ -141,6 +141,8 @@ def serve(*, db_url: str, run_id: str, cfg: LearnerConfig, model_dir: Path, publ
           steps: int, poll_s: float = 0.2, log=log_line, argv: list[str] | None = None) -> int:
     """Run the learner; with `[learner] workers` > 1 this is one rank of several, and only
     rank 0 opens the store (`argv`: this command, to start the peers with)."""
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
     workers, device, peers = _join_workers(cfg, argv, log)
     store = Store.open(db_url) if workers.is_main else None
     start = workers.broadcast(
@@ -177,7 +179,8 @@ def serve(*, db_url: str, run_id: str, cfg: LearnerConfig, model_dir: Path, publ
     if workers.is_main:
         log(json.dumps({"event": "learner started", "run_id": run_id, "version": version,
                         "step": step, "last_seq": last_seq, "redo_steps": start["redo_steps"],
-                        "from": str(start_dir), "workers": workers.world_size}), flush=True)
+                        "from": str(start_dir), "workers": workers.world_size,
+                        "threads": torch.get_num_threads()}), flush=True)
     source = StoreSource(store, run_id, pad_id=learner.pad_id) if store is not None else None
 
     def prune(report: StepReport) -> None:

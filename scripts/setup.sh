@@ -13,7 +13,14 @@ case "${1:-}" in
 esac
 PY="${PYTHON:-python3}"
 VENV=.venv
-STAMP="$VENV/.stalewise-installed"
+# The demos need the core dependencies only; the tests add the extras (Ray, GGUF, the test
+# tools), which take most of the install time. Each level has its own stamp.
+if [ "${1:-}" = "--all" ]; then
+  TARGET=".[test,gguf,ray]" STAMP="$VENV/.stalewise-installed-all"
+else
+  TARGET="." STAMP="$VENV/.stalewise-installed"
+  [ -f "$VENV/.stalewise-installed-all" ] && STAMP="$VENV/.stalewise-installed-all"
+fi
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating $VENV" >&2
@@ -32,8 +39,8 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
 fi
 
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ requirements.lock -nt "$STAMP" ]; then
-  echo "setup: installing stalewise and its dependencies (versions from requirements.lock)" >&2
-  "$VENV/bin/python" -m pip install -q -c requirements.lock -e ".[test,gguf,ray]" \
+  echo "setup: installing stalewise ($TARGET) (versions from requirements.lock)" >&2
+  "$VENV/bin/python" -m pip install -q -c requirements.lock -e "$TARGET" \
     --config-settings editable_mode=compat
   touch "$STAMP"
 fi

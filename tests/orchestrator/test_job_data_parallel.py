@@ -42,10 +42,11 @@ def test_two_learner_workers_record_steps_and_versions_and_restart_after_a_kille
         tmp_path, model_dir):
     """SIGKILL of rank 1: rank 0 exits, the job restarts the learner, and both ranks resume from
     the last published version; every step and sequence number is still consumed once, and the
-    store holds what one worker would have written (one job, for the suite's time)."""
+    store holds what one worker would have written (one job, for the suite's time). The job also
+    sets `[learner] threads = 1`, which the learner must apply."""
     config = write_config(tmp_path, model_dir, steps=4)
     text = config.read_text().replace("[sandbox]\n", '[sandbox]\nbackend = "local"\n')
-    config.write_text(text.replace("[learner]\n", "[learner]\nworkers = 2\n"))
+    config.write_text(text.replace("[learner]\n", "[learner]\nworkers = 2\nthreads = 1\n"))
     proc = start(config)
     try:
         wait_for(lambda: learner_steps(tmp_path) >= 2, 400, "two learner steps")
@@ -72,6 +73,7 @@ def test_two_learner_workers_record_steps_and_versions_and_restart_after_a_kille
         "both ranks restored the published optimizer state"
     assert f"learner worker {rank1[0]} exited with code -9" in log
     assert started[0]["workers"] == 2
+    assert started[0]["threads"] == 1, "[learner] threads sets the learner's torch threads"
     run = store.runs()[0]
     assert run.status == "finished" and run.summary["learner_steps"] == 4
     steps = store.learner_steps(run_id)

@@ -89,6 +89,36 @@ def _suite_demonstrations(
     return [(list(s.token_ids), list(s.loss_mask)) for s in samples]
 
 
+def _heldout_demo_probability(
+    suite: str, learner: object, options: dict, chat_format: str, tool_listing: str,
+    count: int = 64,
+) -> tuple[int, float] | None:
+    """(instances, mean probability) that a temperature-1 sample of the checkpoint reproduces
+    the correct demonstration of each of `count` eval instances, every turn of it; None for a
+    family without an eval split or demonstrations. A lower bound on held-out success (other
+    answers may be right too) that needs no sandbox: a warm start near 0 gives RL nothing."""
+    import math
+    from collections import defaultdict
+
+    from learner.sft import loss_token_logprobs
+    from tasks import demonstration_samples, load_family
+    from tasks.chat import make_chat_format
+
+    family = load_family(suite, options)
+    if "eval" not in family.splits or not family.has_demonstrations:
+        return None
+    demos = [family.demonstration(task, True) for task in family.instances("eval", 0, count)]
+    samples = demonstration_samples(
+        demos, make_chat_format(learner.tokenizer, chat_format, tool_listing=tool_listing))
+    sums = loss_token_logprobs(learner, [(s.token_ids, s.loss_mask) for s in samples])
+    per_task: dict[str, float] = defaultdict(float)
+    for sample, logprob in zip(samples, sums):
+        per_task[sample.task_key] += logprob  # a demonstration may span several segments
+    if not per_task:
+        return None
+    return len(per_task), sum(math.exp(v) for v in per_task.values()) / len(per_task)
+
+
 @app.command("train")
 def train_command(
     model: Path = typer.Argument(..., help="HF checkpoint directory to start from"),
@@ -186,6 +216,10 @@ def sft_command(
         else:
             demos = tool_call_demonstrations(learner.tokenizer, synthetic, seed=cfg.sft.seed)
         result = run_sft(learner, demos)
+        heldout = None
+        if suite is not None:
+            heldout = _heldout_demo_probability(suite, learner, json.loads(options),
+                                                chat_format, tool_listing)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     finally:
@@ -199,8 +233,16 @@ def sft_command(
             "sft_steps": cfg.sft.steps,
             "loss_before": result.loss_before,
             "loss_after": result.loss_after,
+            **({"heldout_instances": heldout[0], "heldout_demo_probability": heldout[1]}
+               if heldout else {}),
         },
     )
+    if heldout:
+        typer.echo(
+            f"held-out check: a temperature-1 sample reproduces the correct demonstration of "
+            f"{heldout[0]} eval instances with mean probability {heldout[1]:.1%} (a lower "
+            "bound on success; near 0 means RL will see no reward: train longer or change lr)"
+        )
     typer.echo(
         f"sft on {len(demos)} demonstrations: loss {result.loss_before:.4f} -> "
         f"{result.loss_after:.4f} (nats per loss token); checkpoint in {out}"

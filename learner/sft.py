@@ -50,6 +50,30 @@ def sft_loss(
     return total / max(count, 1.0)
 
 
+def loss_token_logprobs(
+    learner: Learner, demonstrations: Sequence[tuple[Sequence[int], Sequence[int]]],
+    micro_batch_size: int = 16,
+) -> list[float]:
+    """Per (token_ids, loss_mask): the summed log-probability of its loss tokens given the rest.
+
+    exp of it is the probability that sampling at temperature 1 writes exactly those tokens
+    (the demonstrated assistant turns, with the demonstrated observations in between)."""
+    samples = [demonstration(ids, mask, i) for i, (ids, mask) in enumerate(demonstrations)]
+    if not samples:
+        return []
+    batch = collate(samples, learner.pad_id, learner.device)
+    sums: list[float] = []
+    learner.policy.eval()
+    with torch.no_grad():
+        for start in range(0, batch.size, micro_batch_size):
+            sub = batch.rows(start, min(start + micro_batch_size, batch.size))
+            out = policy_outputs(learner.policy, sub.input_ids_B_T, sub.attention_mask_B_T)
+            picked = out.logprobs_B_T.masked_fill(~sub.loss_mask_B_Tm1, 0.0)
+            sums.extend(picked.sum(-1).tolist())
+    learner.policy.train()
+    return sums
+
+
 def sft_step(
     learner: Learner,
     samples: Sequence[TrainingSample],

@@ -98,6 +98,9 @@ async def warm_start(job: JobConfig, model_dir: Path, run_dir: Path) -> Path:
     child = ChildProcess.start("sft", argv, run_dir / "sft.log")
     if await run_to_end(child) != 0 or not (out / "config.json").exists():
         raise RuntimeError(f"the SFT warm start failed; last log lines:\n{child.log_tail()}")
+    done = json.loads((out / "stalewise.json").read_text())  # what `learner sft` measured
+    log.info("warm start done", **{key: round(done[key], 4) for key in
+                                   ("loss_after", "heldout_demo_probability") if key in done})
     return out
 
 

@@ -106,6 +106,10 @@ def test_sft_on_a_task_suite(workdir):
         "5e-3",
     )
     assert "sft on 4 demonstrations" in out and (workdir / "sft-arith" / "config.json").exists()
+    check = next(line for line in out.splitlines() if line.startswith("held-out check"))
+    assert "of 64 eval instances with mean probability" in check
+    assert float(check.split("mean probability ")[1].split("%")[0]) < 1.0, \
+        "six SFT steps cannot make the tiny model reproduce held-out demonstrations"
 
 
 def test_bad_config_is_reported_with_the_field_and_fix(workdir):

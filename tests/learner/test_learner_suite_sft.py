@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine.tiny import init_tiny
 from learner.config import LearnerConfig, SftConfig
-from learner.sft import run_sft
+from learner.sft import loss_token_logprobs, run_sft
 from learner.trainer import Learner
 from tasks import demonstration_samples, load_family
 from tasks.chat import make_chat_format
@@ -37,3 +38,22 @@ def test_sft_lowers_the_loss_on_the_suite_demonstrations(tiny, suite, capsys):
             f"{result.loss_after:.3f} nats per loss token"
         )
     assert result.loss_after < 0.8 * result.loss_before
+
+
+def test_loss_token_logprobs_sum_the_log_probabilities_of_the_demonstrated_turns(tiny):
+    """What the held-out check of `learner sft` exponentiates: per demonstration, the summed
+    log-probability of its loss tokens, the same in micro-batches of mixed lengths as alone."""
+    learner = Learner(tiny, LearnerConfig())
+    family = load_family("arith", {"max_ops": 3})
+    samples = demonstration_samples(family.demonstrations(5, seed=1),
+                                    make_chat_format(learner.tokenizer))
+    pairs = [(s.token_ids, s.loss_mask) for s in samples]
+    assert len({len(ids) for ids, _ in pairs}) > 1, "mixed lengths, so padding is exercised"
+    sums = loss_token_logprobs(learner, pairs, micro_batch_size=2)
+    for (ids, mask), got in zip(pairs, sums):
+        with torch.no_grad():
+            logits = learner.policy(input_ids=torch.tensor([ids])).logits.float()[0]
+        logp = torch.log_softmax(logits[:-1], -1)
+        want = sum(logp[t, ids[t + 1]].item() for t in range(len(ids) - 1) if mask[t + 1])
+        assert got == pytest.approx(want, abs=1e-3)
+        assert got < 0

@@ -15,6 +15,7 @@ the learner's threads in a job.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import multiprocessing
 import os
 import statistics
@@ -27,6 +28,15 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)  # bench/learner_threads.py must not shadow the learner package
 
 import torch
+
+
+def _bench_learner():
+    """bench/learner.py (its samples), loaded under another name than the learner package."""
+    path = Path(__file__).resolve().parent / "learner.py"
+    spec = importlib.util.spec_from_file_location("bench_learner", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _spin(stop) -> None:
@@ -52,10 +62,6 @@ def main() -> None:
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from learner import build_samples  # bench/learner.py
-
-    sys.path.pop(0)
     from engine.tiny import init_tiny
     from learner.config import LearnerConfig
     from learner.trainer import Learner
@@ -66,7 +72,7 @@ def main() -> None:
           f"micro-batch {args.micro}; torch default threads = {default}, cores = {cores}")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = init_tiny(Path(tmp) / "tiny")
-        samples = build_samples(model_dir, args.batch, args.length, args.prompt, 8, seed=0)
+        samples = _bench_learner().build_samples(model_dir, args.batch, args.length, args.prompt, 8, seed=0)
         cfg = LearnerConfig(batch_size=args.batch, micro_batch_size=args.micro,
                             optimizer=dict(lr=1e-6))
         learner = Learner(model_dir, cfg)

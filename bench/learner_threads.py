@@ -72,7 +72,8 @@ def main() -> None:
           f"micro-batch {args.micro}; torch default threads = {default}, cores = {cores}")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = init_tiny(Path(tmp) / "tiny")
-        samples = _bench_learner().build_samples(model_dir, args.batch, args.length, args.prompt, 8, seed=0)
+        samples = _bench_learner().build_samples(model_dir, args.batch, args.length,
+                                                 args.prompt, 8, seed=0)
         cfg = LearnerConfig(batch_size=args.batch, micro_batch_size=args.micro,
                             optimizer=dict(lr=1e-6))
         learner = Learner(model_dir, cfg)

@@ -37,17 +37,8 @@ def sft_loss(
     learner: Learner, samples: Sequence[TrainingSample], micro_batch_size: int = 16
 ) -> float:
     """Mean cross-entropy per loss token over `samples`, without gradient."""
-    batch = collate(samples, learner.pad_id, learner.device)
-    total, count = 0.0, 0.0
-    learner.policy.eval()
-    with torch.no_grad():
-        for start in range(0, batch.size, micro_batch_size):
-            sub = batch.rows(start, min(start + micro_batch_size, batch.size))
-            out = policy_outputs(learner.policy, sub.input_ids_B_T, sub.attention_mask_B_T)
-            total += -(out.logprobs_B_T[sub.loss_mask_B_Tm1]).sum().item()
-            count += sub.loss_mask_B_Tm1.sum().item()
-    learner.policy.train()
-    return total / max(count, 1.0)
+    count = sum(float(sum(s.loss_mask[1:])) for s in samples)
+    return -sum(_loss_token_sums(learner, samples, micro_batch_size)) / max(count, 1.0)
 
 
 def loss_token_logprobs(
@@ -59,6 +50,11 @@ def loss_token_logprobs(
     exp of it is the probability that sampling at temperature 1 writes exactly those tokens
     (the demonstrated assistant turns, with the demonstrated observations in between)."""
     samples = [demonstration(ids, mask, i) for i, (ids, mask) in enumerate(demonstrations)]
+    return _loss_token_sums(learner, samples, micro_batch_size)
+
+
+def _loss_token_sums(learner: Learner, samples: Sequence[TrainingSample],
+                     micro_batch_size: int) -> list[float]:
     if not samples:
         return []
     batch = collate(samples, learner.pad_id, learner.device)

@@ -119,6 +119,32 @@ def _heldout_demo_probability(
     return len(per_task), sum(math.exp(v) for v in per_task.values()) / len(per_task)
 
 
+def _run_stages(learner: object, cfg: LearnerConfig, chat_format: str,
+                tool_listing: str) -> list[dict]:
+    """The `[[sft.stages]]` curriculum, in order, before the main demonstrations; each stage
+    prints its loss and returns a summary for the checkpoint's stalewise.json."""
+    from learner.sft import run_sft
+
+    done = []
+    for number, stage in enumerate(cfg.sft.stages):
+        stage_cfg = cfg.sft.for_stage(stage)
+        try:
+            demos = _suite_demonstrations(stage.family, stage_cfg.demonstrations,
+                                          learner.tokenizer, cfg.sft.seed,
+                                          options=stage.options,
+                                          wrong_fraction=stage_cfg.wrong_fraction,
+                                          chat_format=chat_format, tool_listing=tool_listing)
+            result = run_sft(learner, demos, stage_cfg)
+        except ValueError as exc:
+            raise ValueError(f"sft.stages[{number}] ({stage.family}): {exc}") from None
+        typer.echo(f"sft stage {number} ({stage.family}) on {len(demos)} demonstrations, "
+                   f"{stage_cfg.steps} steps: loss {result.loss_before:.4f} -> "
+                   f"{result.loss_after:.4f}")
+        done.append({"family": stage.family, "steps": stage_cfg.steps,
+                     "loss_before": result.loss_before, "loss_after": result.loss_after})
+    return done
+
+
 @app.command("train")
 def train_command(
     model: Path = typer.Argument(..., help="HF checkpoint directory to start from"),
@@ -205,6 +231,7 @@ def sft_command(
     sinks = make_sinks([m for m in metrics.split(",") if m], out.parent / f"{out.name}-logs")
     try:
         learner = Learner(model, cfg, sinks=sinks)
+        stages = _run_stages(learner, cfg, chat_format, tool_listing)
         if data is not None:
             demos = _read_demonstrations(data)
         elif suite is not None:
@@ -233,6 +260,7 @@ def sft_command(
             "sft_steps": cfg.sft.steps,
             "loss_before": result.loss_before,
             "loss_after": result.loss_after,
+            "stages": stages,
             **({"heldout_instances": heldout[0], "heldout_demo_probability": heldout[1]}
                if heldout else {}),
         },

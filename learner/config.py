@@ -195,6 +195,21 @@ class CriticConfig(_Strict):
     max_grad_norm: float | None = Field(1.0, gt=0.0)
 
 
+class SftStage(_Strict):
+    """An SFT stage on another task family's demonstrations, run before the job family's own
+    (a curriculum): a short task can teach the chat format and copying values out of tool
+    output, which a long task's sparse signal teaches slowly. Unset fields take the [sft]
+    table's values."""
+
+    family: str = Field(..., description="task family (entry point or file.py:attr)")
+    options: dict[str, Any] = Field(default_factory=dict, description="the family's options")
+    demonstrations: int | None = Field(None, ge=1)
+    wrong_fraction: float | None = Field(None, ge=0.0, le=1.0)
+    steps: int = Field(..., ge=1)
+    lr: float | None = Field(None, gt=0.0)
+    batch_size: int | None = Field(None, ge=1)
+
+
 class SftConfig(_Strict):
     """Supervised fine-tuning: the job's warm start (`enabled`) on the task family's
     demonstrations, and `stalewise learner sft`."""
@@ -209,6 +224,16 @@ class SftConfig(_Strict):
     max_grad_norm: float | None = Field(1.0, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     seed: int = 0
+    stages: list[SftStage] = Field(
+        default_factory=list,
+        description="earlier stages on other task families, in order (`[[learner.sft.stages]]`)")
+
+    def for_stage(self, stage: SftStage) -> SftConfig:
+        """This table with a stage's settings in place of its own."""
+        set_ = {key: getattr(stage, key) for key in
+                ("demonstrations", "wrong_fraction", "steps", "lr", "batch_size")
+                if getattr(stage, key) is not None}
+        return self.model_copy(update={**set_, "stages": []})
 
 
 class LearnerConfig(_Strict):

@@ -14,7 +14,11 @@ the same workload, budget and store, then writes, in DIR:
 Guarantees: every job gets the same `--budget` (`pipeline.budget_s`; its `steps` are lifted so
 the budget binds) and the same seed list; all runs go to one SQLite store in DIR
 (`compare.db`), so `stalewise audit` reads any of them afterwards. Runs happen in this
-process, in order; a run that fails is a row with its error, never a silent gap.
+process, in order; a run that fails is a row with its error, never a silent gap. Jobs whose
+SFT warm start would be the same (same model, task family and options, `[learner.sft]` table
+and seed) share it: the first run of a seed makes it, the others start RL from its checkpoint,
+so every recipe starts from the same model and the machine's time goes to RL
+(`--no-share-warm-start` makes each run repeat it).
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ def compare_command(
     seeds: int = typer.Option(1, "--seeds", min=1, help="runs per job, seeds 0..N-1"),
     out: Path | None = typer.Option(None, "--out", help="output folder (default "
                                     "var/compare/<time>)"),
+    share_warm_start: bool = typer.Option(
+        True, "--share-warm-start/--no-share-warm-start",
+        help="runs whose SFT warm start would be the same reuse the first one's checkpoint"),
 ) -> None:
     """Run JOBs on the same budget and compare held-out success per second and per token."""
     jobs = []
@@ -49,11 +56,25 @@ def compare_command(
     out = out or Path("var/compare") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     rows = []
+    warm_starts: dict[str, tuple[Path, str]] = {}  # warm-start key -> (checkpoint, made by)
     for config, job in jobs:
         for seed in range(seeds):
             label = f"{config.stem}-s{seed}"
             typer.echo(f"compare: running {label} (budget {budget or 'steps'} s)", err=True)
-            rows.append(run_one(prepare(job, label, seed, budget, out), label, config, out))
+            prepared = prepare(job, label, seed, budget, out)
+            key = warm_start_key(prepared) if share_warm_start else None
+            shared = warm_starts.get(key) if key else None
+            if shared:
+                typer.echo(f"compare: {label} starts from {shared[1]}'s warm start", err=True)
+                prepared = from_checkpoint(prepared, shared[0])
+            row = run_one(prepared, label, config, out)
+            if shared:
+                row["warm_start_from"] = shared[1]
+            elif key and row["run_id"]:
+                made = Path(prepared.run.output_dir) / row["run_id"] / "sft"
+                if (made / "config.json").exists():
+                    warm_starts[key] = (made, label)
+            rows.append(row)
     write_outputs(rows, out)
     typer.echo((out / "compare.md").read_text())
     failed = [r["label"] for r in rows if r["exit_code"] != 0]
@@ -70,6 +91,23 @@ def prepare(job, label: str, seed: int, budget: float | None, out: Path):
                        output_dir=str(out / "runs"))
     if budget is not None:
         data["pipeline"].update(budget_s=budget, steps=UNBOUNDED_STEPS)
+    return type(job).model_validate(data)
+
+
+def warm_start_key(job) -> str | None:
+    """What the job's SFT warm start depends on, as a string; None without one."""
+    if not job.learner.sft.enabled:
+        return None
+    return json.dumps([job.model.model_dump(mode="json"), job.tasks.family, job.tasks.options,
+                       job.learner.sft.model_dump(mode="json"), job.learner.device,
+                       job.learner.dtype, job.run.seed], sort_keys=True)
+
+
+def from_checkpoint(job, checkpoint: Path):
+    """The job starting RL from an existing warm-start checkpoint instead of making its own."""
+    data = job.model_dump(mode="json")
+    data["model"].update(path=str(checkpoint), create_tiny=False)
+    data["learner"]["sft"]["enabled"] = False
     return type(job).model_validate(data)
 
 
@@ -196,6 +234,11 @@ def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
     lines += ["", "Success: held-out instances solved before and after RL, Wilson 95% intervals; "
               "gain: Newcombe 95% interval. Plots: success-vs-seconds.png/.svg, "
               "success-vs-tokens.png/.svg."]
+    shared = [f"{r['label']} from {r['warm_start_from']}'s" for r in rows
+              if r.get("warm_start_from")]
+    if shared:
+        lines += ["", "Shared SFT warm starts (same checkpoint, so the same model before RL): "
+                  + "; ".join(shared) + "."]
     (out / "compare.md").write_text("\n".join(lines) + "\n")
     plot(rows, out)
 

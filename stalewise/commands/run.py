@@ -22,13 +22,20 @@ def load_or_exit(path: Path, overrides: list[str] | None = None):
 
 
 def check_family_or_exit(job, config: Path):
-    """Resolve `[tasks] family` now, so a bad reference fails before any run is created."""
+    """Resolve `[tasks] family` (and the SFT stages' families) now, so a bad reference fails
+    before any run is created."""
     from tasks.loading import TaskLoadError, load_family
 
+    where = "tasks.family"
     try:
-        return load_family(job.tasks.family, job.tasks.family_options())
+        family = load_family(job.tasks.family, job.tasks.family_options())
+        if job.learner.sft.enabled:
+            for number, stage in enumerate(job.learner.sft.stages):
+                where = f"learner.sft.stages[{number}]"
+                load_family(stage.family, stage.options)
+        return family
     except TaskLoadError as exc:
-        typer.echo(f"error: {config}: tasks.family: {exc}", err=True)
+        typer.echo(f"error: {config}: {where}: {exc}", err=True)
         raise typer.Exit(2) from None
 
 

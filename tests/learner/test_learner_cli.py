@@ -112,6 +112,33 @@ def test_sft_on_a_task_suite(workdir):
         "six SFT steps cannot make the tiny model reproduce held-out demonstrations"
 
 
+def test_sft_stages_run_first_on_their_own_family_and_settings(workdir):
+    config = workdir / "stages.toml"
+    config.write_text('[sft]\nbatch_size = 2\nlr = 5e-3\n'
+                      '[[sft.stages]]\nfamily = "arith"\noptions = { max_ops = 1 }\n'
+                      'demonstrations = 6\nsteps = 3\n')
+    out = _run("sft", str(workdir / "tiny"), "--out", str(workdir / "sft-staged"),
+               "--suite", "vault", "--count", "2", "--steps", "2", "--config", str(config))
+    lines = out.splitlines()
+    stage = next(i for i, line in enumerate(lines) if line.startswith("sft stage 0 (arith)"))
+    main = next(i for i, line in enumerate(lines) if line.startswith("sft on 2 demonstrations"))
+    assert stage < main and "on 6 demonstrations, 3 steps" in lines[stage]
+    done = json.loads((workdir / "sft-staged" / "stalewise.json").read_text())
+    assert [(s["family"], s["steps"]) for s in done["stages"]] == [("arith", 3)]
+    assert done["sft_steps"] == 2
+
+
+def test_a_bad_sft_stage_names_the_stage(workdir):
+    config = workdir / "bad-stage.toml"
+    config.write_text('[[sft.stages]]\nfamily = "no-such-family"\nsteps = 3\n')
+    result = CliRunner().invoke(app, ["learner", "sft", str(workdir / "tiny"), "--out",
+                                      str(workdir / "never"), "--synthetic", "4",
+                                      "--config", str(config)])
+    assert result.exit_code != 0
+    assert "sft.stages[0] (no-such-family)" in result.output and "not found" in result.output
+    assert not (workdir / "never").exists()
+
+
 def test_bad_config_is_reported_with_the_field_and_fix(workdir):
     config = workdir / "bad.toml"
     config.write_text('[loss]\naggregation = "seq_sum_norm"\n')

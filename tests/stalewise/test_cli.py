@@ -194,6 +194,19 @@ def test_a_task_family_that_does_not_load_fails_before_any_run(tmp_path):
     assert not db.exists()  # no run was created
 
 
+def test_an_sft_stage_family_that_does_not_load_fails_before_any_run(tmp_path):
+    db = tmp_path / "runs.db"
+    job = tmp_path / "job.toml"
+    job.write_text(f'[run]\ndb_url = "sqlite:///{db}"\n[learner.sft]\nenabled = true\n'
+                   '[[learner.sft.stages]]\nfamily = "arith"\nsteps = 10\n'
+                   '[[learner.sft.stages]]\nfamily = "arith"\nsteps = 10\n'
+                   'options = { max_opz = 1 }\n')
+    result = runner.invoke(app, ["run", str(job)])
+    assert result.exit_code == 2, result.output
+    assert "learner.sft.stages[1]:" in result.output and "max_opz" in result.output
+    assert not db.exists()
+
+
 @pytest.mark.docker
 def test_a_harbor_task_whose_from_image_is_missing_fails_before_any_run(tmp_path):
     tasks = tmp_path / "tasks"

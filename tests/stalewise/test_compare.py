@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from stalewise.cli import app
+from stalewise.store.store import Store
 
 pytestmark = [pytest.mark.slow]
 
@@ -41,6 +42,11 @@ max_tokens_per_turn = 16
 [learner]
 batch_size = 4
 micro_batch_size = 4
+[learner.sft]
+enabled = true
+demonstrations = 8
+steps = 2
+batch_size = 4
 [pipeline]
 mode = "{mode}"
 steps = 2
@@ -59,6 +65,15 @@ def test_compare_two_tiny_jobs(tmp_path):
     assert result.exit_code == 0, result.output
     rows = json.loads((out / "compare.json").read_text())
     assert [r["label"] for r in rows] == ["sync-s0", "async-s0"]
+    # one warm start, made by the first run; the second starts RL from its checkpoint
+    made = out / "runs" / rows[0]["run_id"] / "sft"
+    assert (made / "config.json").exists() and "warm_start_from" not in rows[0]
+    assert rows[1]["warm_start_from"] == "sync-s0"
+    assert not (out / "runs" / rows[1]["run_id"] / "sft").exists()
+    store = Store.open(f"sqlite:///{out / 'compare.db'}")
+    second = store.run(rows[1]["run_id"]).config
+    store.close()
+    assert second["model"]["path"] == str(made) and not second["learner"]["sft"]["enabled"]
     for row in rows:
         assert row["exit_code"] == 0 and row["run_id"]
         assert row["before"][1] == row["after"][1] == 4
@@ -66,6 +81,7 @@ def test_compare_two_tiny_jobs(tmp_path):
         assert "held_out_95" in row and "multi_version_fraction" in row
     table = (out / "compare.md").read_text()
     assert "| sync-s0 |" in table and "| async-s0 |" in table and "IS ESS" in table
+    assert "async-s0 from sync-s0's" in table
     for name in ("success-vs-seconds", "success-vs-tokens"):
         assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
         assert "<svg" in (out / f"{name}.svg").read_text()

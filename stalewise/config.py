@@ -170,10 +170,41 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> JobConfig:
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> JobConfig:
     """The job config in `path`, with `overrides` ("section.key=value", the value a TOML
     literal or else a plain string) applied before validation."""
-    data = read_toml(path, "a TOML job config")
+    data = read_with_base(Path(path), ())
     for item in overrides:
         apply_override(data, item, str(path))
     return parse_config(data, str(path))
+
+
+def read_with_base(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    """The TOML file merged over the file its top-level `extends = "base.toml"` names (a path
+    relative to it; bases may extend further): tables, inline ones too, merge key by key; any
+    other value the file sets (a list included) replaces the base's."""
+    data = read_toml(path, "a TOML job config")
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(str(path), [f"extends = {base!r}: give the base config's path as a "
+                                      f"string, e.g. extends = \"long.toml\""])
+    base_path = (path.parent / base).resolve()
+    if base_path in seen or base_path == path.resolve():
+        raise ConfigError(str(path), [f"extends = {base!r}: the configs extend each other in "
+                                      f"a loop"])
+    if not base_path.exists():
+        raise ConfigError(str(path), [f"extends = {base!r}: {base_path} does not exist (the "
+                                      f"path is relative to {path.parent})"])
+    return merged(read_with_base(base_path, (*seen, path.resolve())), data)
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def apply_override(data: dict[str, Any], item: str, source: str) -> None:

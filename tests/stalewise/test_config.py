@@ -85,3 +85,38 @@ def test_set_overrides_apply_before_validation_and_name_bad_items(tmp_path):
         load_config(path, ["run.seed"])
     with pytest.raises(ConfigError, match="pipeline.mode"):
         load_config(path, ["pipeline.mode=sometimes"])
+
+
+def test_extends_merges_tables_and_replaces_other_values(tmp_path):
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "long.toml").write_text(
+        '[run]\nname = "long"\nseed = 3\n[tasks]\nfamily = "vault"\n'
+        'options = { depths = [6, 8], delay_median_s = 0.1 }\n'
+        '[[learner.sft.stages]]\nfamily = "arith"\nsteps = 5\n'
+        '[pipeline]\nmode = "inflight"\nkv = "retain"\n')
+    variant = tmp_path / "variant.toml"
+    variant.write_text('extends = "base/long.toml"\n[run]\nname = "sync"\n'
+                       '[tasks]\noptions = { depths = [6] }\n[pipeline]\nmode = "sync"\n')
+    job = load_config(variant, ["run.seed=4"])
+    assert (job.run.name, job.run.seed, job.tasks.family) == ("sync", 4, "vault")
+    assert job.tasks.options == {"depths": [6], "delay_median_s": 0.1}  # merged key by key
+    assert job.pipeline.mode == "sync" and job.learner.sft.stages[0].family == "arith"
+    chained = tmp_path / "chained.toml"
+    chained.write_text('extends = "variant.toml"\n[pipeline]\nsteps = 3\n')
+    assert load_config(chained).pipeline.mode == "sync" and load_config(chained).pipeline.steps == 3
+
+
+def test_extends_errors_name_the_file_and_the_fix(tmp_path):
+    loop_a, loop_b = tmp_path / "a.toml", tmp_path / "b.toml"
+    loop_a.write_text('extends = "b.toml"\n')
+    loop_b.write_text('extends = "a.toml"\n')
+    with pytest.raises(ConfigError, match="in a loop"):
+        load_config(loop_a)
+    missing = tmp_path / "m.toml"
+    missing.write_text('extends = "nowhere.toml"\n')
+    with pytest.raises(ConfigError, match="does not exist .the path is relative to"):
+        load_config(missing)
+    wrong = tmp_path / "w.toml"
+    wrong.write_text("extends = 3\n")
+    with pytest.raises(ConfigError, match="as a string"):
+        load_config(wrong)

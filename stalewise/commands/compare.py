@@ -18,7 +18,8 @@ process, in order; a run that fails is a row with its error, never a silent gap.
 SFT warm start would be the same (same model, task family and options, `[learner.sft]` table
 and seed) share it: the first run of a seed makes it, the others start RL from its checkpoint,
 so every recipe starts from the same model and the machine's time goes to RL
-(`--no-share-warm-start` makes each run repeat it).
+(`--no-share-warm-start` makes each run repeat it). `--warm-start DIR` starts every run's RL
+from that checkpoint instead (say, the `sft` folder of an earlier run of the same job).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def compare_command(
     share_warm_start: bool = typer.Option(
         True, "--share-warm-start/--no-share-warm-start",
         help="runs whose SFT warm start would be the same reuse the first one's checkpoint"),
+    warm_start: Path | None = typer.Option(
+        None, "--warm-start", help="start every run's RL from this checkpoint (e.g. an earlier "
+        "run's RUN/sft) instead of each job's own model and warm start"),
 ) -> None:
     """Run JOBs on the same budget and compare held-out success per second and per token."""
     jobs = []
@@ -53,6 +57,10 @@ def compare_command(
         job = load_or_exit(config)
         check_family_or_exit(job, config)
         jobs.append((config, job))
+    if warm_start is not None and not (warm_start / "config.json").exists():
+        typer.echo(f"error: --warm-start {warm_start}: no checkpoint there (config.json "
+                   "missing); pass a model directory such as var/long/runs/RUN/sft", err=True)
+        raise typer.Exit(2)
     out = out or Path("var/compare") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -62,10 +70,11 @@ def compare_command(
             label = f"{config.stem}-s{seed}"
             typer.echo(f"compare: running {label} (budget {budget or 'steps'} s)", err=True)
             prepared = prepare(job, label, seed, budget, out)
-            key = warm_start_key(prepared) if share_warm_start else None
-            shared = warm_starts.get(key) if key else None
+            key = warm_start_key(prepared) if share_warm_start and not warm_start else None
+            shared = (warm_start, str(warm_start)) if warm_start else (
+                warm_starts.get(key) if key else None)
             if shared:
-                typer.echo(f"compare: {label} starts from {shared[1]}'s warm start", err=True)
+                typer.echo(f"compare: {label} starts RL from {shared[0]}", err=True)
                 prepared = from_checkpoint(prepared, shared[0])
             row = run_one(prepared, label, config, out)
             if shared:

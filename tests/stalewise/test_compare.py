@@ -85,3 +85,11 @@ def test_compare_two_tiny_jobs(tmp_path):
     for name in ("success-vs-seconds", "success-vs-tokens"):
         assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
         assert "<svg" in (out / f"{name}.svg").read_text()
+
+
+def test_compare_refuses_a_warm_start_that_is_not_a_checkpoint(tmp_path):
+    job = tiny_job(tmp_path, tmp_path / "model", "sync")
+    result = CliRunner().invoke(app, ["compare", str(job), "--warm-start", str(tmp_path),
+                                      "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "config.json missing" in result.output
+    assert not (tmp_path / "out" / "compare.db").exists()

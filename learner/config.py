@@ -223,6 +223,9 @@ class SftConfig(_Strict):
     micro_batch_size: int = Field(8, ge=1)
     max_grad_norm: float | None = Field(1.0, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="constant, or cosine decay to 0 over the steps after warmup")
+    warmup_steps: int = Field(0, ge=0, description="linear warmup from 0 to lr")
     seed: int = 0
     stages: list[SftStage] = Field(
         default_factory=list,

@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -115,6 +116,16 @@ def sft_step(
     return report
 
 
+def lr_factor(sft: SftConfig, step: int) -> float:
+    """The multiple of `sft.lr` used by optimizer step `step` (0-based)."""
+    if step < sft.warmup_steps:
+        return (step + 1) / sft.warmup_steps
+    if sft.lr_schedule == "constant":
+        return 1.0
+    decay_steps = max(1, sft.steps - sft.warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - sft.warmup_steps) / decay_steps)))
+
+
 def run_sft(
     learner: Learner,
     demonstrations: Sequence[tuple[Sequence[int], Sequence[int]]],
@@ -128,6 +139,7 @@ def run_sft(
     optimizer = torch.optim.AdamW(
         learner.policy.parameters(), lr=sft.lr, weight_decay=sft.weight_decay
     )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, sft))
     generator = torch.Generator().manual_seed(sft.seed)
     before = sft_loss(learner, samples)
     losses: list[float] = []
@@ -137,4 +149,5 @@ def run_sft(
             order += torch.randperm(len(samples), generator=generator).tolist()
         picked, order = order[: sft.batch_size], order[sft.batch_size :]
         losses.append(sft_step(learner, [samples[i] for i in picked], optimizer, sft).loss)
+        schedule.step()
     return SftResult(before, sft_loss(learner, samples), losses)

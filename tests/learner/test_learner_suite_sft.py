@@ -57,3 +57,28 @@ def test_loss_token_logprobs_sum_the_log_probabilities_of_the_demonstrated_turns
         want = sum(logp[t, ids[t + 1]].item() for t in range(len(ids) - 1) if mask[t + 1])
         assert got == pytest.approx(want, abs=1e-3)
         assert got < 0
+
+
+def test_the_sft_learning_rate_warms_up_then_follows_its_schedule(tiny, monkeypatch):
+    import learner.sft as sft_module
+
+    seen: list[float] = []
+    step = sft_module.sft_step
+
+    def recording_step(learner, samples, optimizer, sft):
+        seen.append(optimizer.param_groups[0]["lr"])
+        return step(learner, samples, optimizer, sft)
+
+    monkeypatch.setattr(sft_module, "sft_step", recording_step)
+    learner = Learner(tiny, LearnerConfig())
+    samples = demonstration_samples(load_family("arith", {}).demonstrations(4, seed=1),
+                                    make_chat_format(learner.tokenizer))
+    demos = [(s.token_ids, s.loss_mask) for s in samples]
+    run_sft(learner, demos, SftConfig(steps=6, batch_size=2, lr=1e-3, warmup_steps=2,
+                                      lr_schedule="cosine"))
+    assert seen[:2] == pytest.approx([5e-4, 1e-3])  # linear warmup
+    # then cosine towards 0 over the 4 steps after warmup: 1, 0.854, 0.5, 0.146 of lr
+    assert seen[2:] == pytest.approx([1e-3, 8.536e-4, 5e-4, 1.464e-4], rel=1e-3)
+    seen.clear()
+    run_sft(learner, demos, SftConfig(steps=3, batch_size=2, lr=1e-3))
+    assert seen == pytest.approx([1e-3] * 3)  # the default: constant

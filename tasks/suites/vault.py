@@ -14,7 +14,8 @@ exactly `depth` sequential tool calls (at least 6), each depending on the last o
     assistant: <answer>4821</answer>
 
 Reward 1 if the answer is the gold and the sandbox says the agent stands in the gold room, else
-0; the zero-weight metric `depth_reached` is the share of doors opened. Difficulty levels
+0; `depth_reached`, the share of doors opened, is a zero-weight metric unless `progress_reward`
+pays that share of the reward for it (partial credit for a long walk; success is still reward 1). Difficulty levels
 (`depth=6`, `depth=10`, ... from `depths`) differ in the number of calls; each door also waits
 a heavy-tailed time inside the sandbox (lognormal, `delay_median_s`, `delay_sigma`, capped at
 `delay_max_s`, a pure function of the task and the door), so durations differ by orders of
@@ -127,23 +128,32 @@ async def depth_reached(ctx: VerifyContext) -> float:
     return min(1.0, int(moves.stdout.strip()) / len(ctx.task.data["doors"]))
 
 
-VERIFIER = Rubric(Component("gold", found_gold, 1.0),
-                  Component("depth_reached", depth_reached, 0.0))
+def verifier(progress_reward: float) -> Rubric:
+    """Reward = (1 - progress_reward) * gold + progress_reward * depth_reached: 1 exactly when
+    the walk is complete and the gold right (success), partial credit per door opened else."""
+    return Rubric(Component("gold", found_gold, 1.0 - progress_reward),
+                  Component("depth_reached", depth_reached, progress_reward))
 
 
 def family(*, depths: Sequence[int] = (6, 10, 16), delay_median_s: float = 0.0,
            delay_sigma: float = 1.0, delay_max_s: float = 10.0, seed: int = 0,
-           eval_share: float = 0.25,
+           eval_share: float = 0.25, progress_reward: float = 0.0,
            image: str = "stalewise-base:latest", limits: Mapping[str, Any] | None = None,
            sandbox_limits: Mapping[str, Any] | None = None) -> TaskFamily:
     """The vault family: `depths` are the difficulty levels (doors per instance, each >= 6),
-    drawn uniformly; `delay_*` set each door's wait inside the sandbox (median 0 = none)."""
+    drawn uniformly; `delay_*` set each door's wait inside the sandbox (median 0 = none);
+    `progress_reward` is the share of the reward paid for doors opened (0 = only the gold
+    counts; success, reward 1, always needs the whole walk and the gold)."""
     levels = sorted(set(int(d) for d in depths))
     if not levels or levels[0] < 6:
         raise ValueError(f"vault depths must be at least 6 (success needs 6+ tool calls), "
                          f"got {list(depths)}")
     if delay_median_s < 0 or delay_sigma < 0 or delay_max_s <= 0:
         raise ValueError("vault delays must be >= 0 (median, sigma) and > 0 (max)")
+    if not 0.0 <= progress_reward < 1.0:
+        raise ValueError(f"vault progress_reward is the share of the reward paid per door "
+                         f"opened, in [0, 1); got {progress_reward}")
+    rubric = verifier(progress_reward)
     deepest = levels[-1]
     defaults = dict(max_turns=deepest + 3, max_generated_tokens=64 * (deepest + 3),
                     context_length=max(1024, 96 * (deepest + 3)),
@@ -162,7 +172,7 @@ def family(*, depths: Sequence[int] = (6, 10, 16), delay_median_s: float = 0.0,
                             files=maze_files(doors, gold))
         return TaskInstance(
             prompt=f"Go through door {doors[0]}, then every door behind it; answer the gold.",
-            tools=(go,), verifier=VERIFIER, sandbox=spec, limits=task_limits_,
+            tools=(go,), verifier=rubric, sandbox=spec, limits=task_limits_,
             data={"doors": doors, "gold": gold, "depth": depth, "split_key": doors[0]},
             difficulty=f"depth={depth}")
 
@@ -181,5 +191,6 @@ def family(*, depths: Sequence[int] = (6, 10, 16), delay_median_s: float = 0.0,
                       description="walk depth doors kept in the sandbox, answer the gold",
                       options=dict(depths=levels, delay_median_s=delay_median_s,
                                    delay_sigma=delay_sigma, delay_max_s=delay_max_s, seed=seed,
-                                   eval_share=eval_share, image=image),
+                                   eval_share=eval_share, progress_reward=progress_reward,
+                                   image=image),
                       split_key=lambda task: str(task.data["doors"][0]), eval_share=eval_share)

@@ -63,6 +63,8 @@ def test_bad_options_say_what_is_wrong():
         vault.family(depths=(3, 8))
     with pytest.raises(ValueError, match="delays"):
         vault.family(delay_median_s=-1)
+    with pytest.raises(ValueError, match="progress_reward .* in \\[0, 1\\)"):
+        vault.family(progress_reward=1.0)
 
 
 def go(workdir: Path, door: str) -> subprocess.CompletedProcess:

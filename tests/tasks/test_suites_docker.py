@@ -35,6 +35,7 @@ FAMILIES = {
     "vault": ("tasks.suites.vault:family", {"depths": [6, 7]}),
     "vault-delay": ("tasks.suites.vault:family", {"depths": [6], "delay_median_s": 0.02,
                                                   "delay_max_s": 0.2}),
+    "vault-progress": ("tasks.suites.vault:family", {"depths": [6], "progress_reward": 0.5}),
     "example": (EXAMPLE, {}),
 }
 FORMAT = HermesChatFormat(build_tiny_tokenizer(), tool_listing="json")
@@ -64,6 +65,10 @@ async def test_demonstrations_earn_full_reward_and_wrong_ones_less(name):
             assert outcome.reward == 1.0, (demo.task.key, outcome.reward_breakdown)
         else:
             assert outcome.reward is not None and outcome.reward < 1.0, demo.task.key
+        if name == "vault-progress":  # half the reward is paid per door opened
+            opened = len(recorder.tool_calls) / len(demo.task.data["doors"])
+            gold = 1.0 if demo.correct else 0.0
+            assert outcome.reward == pytest.approx(0.5 * gold + 0.5 * opened), demo.task.key
 
 
 async def test_builtin_tools_in_a_real_container():

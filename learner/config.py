@@ -208,6 +208,8 @@ class SftStage(_Strict):
     steps: int = Field(..., ge=1)
     lr: float | None = Field(None, gt=0.0)
     batch_size: int | None = Field(None, ge=1)
+    lr_schedule: Literal["constant", "cosine"] | None = None
+    warmup_steps: int | None = Field(None, ge=0)
 
 
 class SftConfig(_Strict):
@@ -234,7 +236,8 @@ class SftConfig(_Strict):
     def for_stage(self, stage: SftStage) -> SftConfig:
         """This table with a stage's settings in place of its own."""
         set_ = {key: getattr(stage, key) for key in
-                ("demonstrations", "wrong_fraction", "steps", "lr", "batch_size")
+                ("demonstrations", "wrong_fraction", "steps", "lr", "batch_size",
+                 "lr_schedule", "warmup_steps")
                 if getattr(stage, key) is not None}
         return self.model_copy(update={**set_, "stages": []})
 

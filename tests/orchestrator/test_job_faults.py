@@ -138,7 +138,12 @@ def children_running(pid: int, word: str) -> list[int]:
 
 
 def _argv(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    """The process's arguments; none for one that exited since it was listed (a short-lived
+    child, such as a Docker or pgrep call, can go between `pgrep` and this read)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except (FileNotFoundError, ProcessLookupError):
+        return []
 
 
 def alive(pid: int) -> bool:

@@ -195,6 +195,9 @@ class CriticConfig(_Strict):
     max_grad_norm: float | None = Field(1.0, gt=0.0)
 
 
+LrSchedule = Literal["constant", "cosine"]
+
+
 class SftStage(_Strict):
     """An SFT stage on another task family's demonstrations, run before the job family's own
     (a curriculum): a short task can teach the chat format and copying values out of tool
@@ -208,7 +211,7 @@ class SftStage(_Strict):
     steps: int = Field(..., ge=1)
     lr: float | None = Field(None, gt=0.0)
     batch_size: int | None = Field(None, ge=1)
-    lr_schedule: Literal["constant", "cosine"] | None = None
+    lr_schedule: LrSchedule | None = None
     warmup_steps: int | None = Field(None, ge=0)
 
 
@@ -225,7 +228,7 @@ class SftConfig(_Strict):
     micro_batch_size: int = Field(8, ge=1)
     max_grad_norm: float | None = Field(1.0, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
-    lr_schedule: Literal["constant", "cosine"] = Field(
+    lr_schedule: LrSchedule = Field(
         "constant", description="constant, or cosine decay to 0 over the steps after warmup")
     warmup_steps: int = Field(0, ge=0, description="linear warmup from 0 to lr")
     seed: int = 0
@@ -235,11 +238,8 @@ class SftConfig(_Strict):
 
     def for_stage(self, stage: SftStage) -> SftConfig:
         """This table with a stage's settings in place of its own."""
-        set_ = {key: getattr(stage, key) for key in
-                ("demonstrations", "wrong_fraction", "steps", "lr", "batch_size",
-                 "lr_schedule", "warmup_steps")
-                if getattr(stage, key) is not None}
-        return self.model_copy(update={**set_, "stages": []})
+        own = stage.model_dump(exclude={"family", "options"}, exclude_none=True)
+        return self.model_copy(update={**own, "stages": []})
 
 
 class LearnerConfig(_Strict):

@@ -187,14 +187,15 @@ def read_with_base(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     if not isinstance(base, str):
         raise ConfigError(str(path), [f"extends = {base!r}: give the base config's path as a "
                                       f"string, e.g. extends = \"long.toml\""])
+    seen = (*seen, path.resolve())
     base_path = (path.parent / base).resolve()
-    if base_path in seen or base_path == path.resolve():
+    if base_path in seen:
         raise ConfigError(str(path), [f"extends = {base!r}: the configs extend each other in "
                                       f"a loop"])
     if not base_path.exists():
         raise ConfigError(str(path), [f"extends = {base!r}: {base_path} does not exist (the "
                                       f"path is relative to {path.parent})"])
-    return merged(read_with_base(base_path, (*seen, path.resolve())), data)
+    return merged(read_with_base(base_path, seen), data)
 
 
 def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

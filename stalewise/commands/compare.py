@@ -70,9 +70,8 @@ def compare_command(
             label = f"{config.stem}-s{seed}"
             typer.echo(f"compare: running {label} (budget {budget or 'steps'} s)", err=True)
             prepared = prepare(job, label, seed, budget, out)
-            key = warm_start_key(prepared) if share_warm_start and not warm_start else None
-            shared = (warm_start, str(warm_start)) if warm_start else (
-                warm_starts.get(key) if key else None)
+            key = warm_start_key(prepared) if share_warm_start else None
+            shared = (warm_start, str(warm_start)) if warm_start else warm_starts.get(key)
             if shared:
                 typer.echo(f"compare: {label} starts RL from {shared[0]}", err=True)
                 prepared = from_checkpoint(prepared, shared[0])

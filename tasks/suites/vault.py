@@ -15,11 +15,11 @@ exactly `depth` sequential tool calls (at least 6), each depending on the last o
 
 Reward 1 if the answer is the gold and the sandbox says the agent stands in the gold room, else
 0; `depth_reached`, the share of doors opened, is a zero-weight metric unless `progress_reward`
-pays that share of the reward for it (partial credit for a long walk; success is still reward 1). Difficulty levels
-(`depth=6`, `depth=10`, ... from `depths`) differ in the number of calls; each door also waits
-a heavy-tailed time inside the sandbox (lognormal, `delay_median_s`, `delay_sigma`, capped at
-`delay_max_s`, a pure function of the task and the door), so durations differ by orders of
-magnitude between levels and within one.
+pays that share of the reward for it (partial credit for a long walk; success is still reward
+1). Difficulty levels (`depth=6`, `depth=10`, ... from `depths`) differ in the number of
+calls; each door also waits a heavy-tailed time inside the sandbox (lognormal,
+`delay_median_s`, `delay_sigma`, capped at `delay_max_s`, a pure function of the task and the
+door), so durations differ by orders of magnitude between levels and within one.
 
 Train and eval instances are disjoint by construction: the split key is the first door, and a
 door belongs to exactly one split (`tasks.api.split_of`: a fixed hash, `eval_share` of them eval).

@@ -15,8 +15,9 @@ demo: setup
 	.venv/bin/stalewise run configs/demo.toml --set run.seed=$(SEED)
 
 # The long-horizon job: the vault suite (6-12 stateful tool calls), inflight with retained KV.
+# `make demo-long SEED=1` runs it with another seed.
 demo-long: setup
-	.venv/bin/stalewise run configs/long.toml
+	.venv/bin/stalewise run configs/long.toml --set run.seed=$(SEED)
 
 test: setup-all
 	bash scripts/ensure_postgres.sh

@@ -338,7 +338,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                              family=family, chat_format=chat_format, acquire=pools.acquire,
                              params=pipeline.params, instances=job.tasks.eval_instances,
                              concurrency=job.rollout.max_concurrent, options=pipeline.options)
-            if job.tasks.eval_instances and not resumed:
+            if job.tasks.eval_instances and job.tasks.eval_before and not resumed:
                 results.append(await evaluate(label="before", version=version, **eval_args))
                 log.info("evaluation", **asdict(results[-1]))
             await pipeline.run()

@@ -19,7 +19,11 @@ SFT warm start would be the same (same model, task family and options, `[learner
 and seed) share it: the first run of a seed makes it, the others start RL from its checkpoint,
 so every recipe starts from the same model and the machine's time goes to RL
 (`--no-share-warm-start` makes each run repeat it). `--warm-start DIR` starts every run's RL
-from that checkpoint instead (say, the `sft` folder of an earlier run of the same job).
+from that checkpoint instead (say, the `sft` folder of an earlier run of the same job). Runs
+that start from the same checkpoint with the same seed and evaluation settings (model, engine,
+sandbox, tasks and rollout sections) also share its evaluation before RL: the first measures
+it, the others skip it (`tasks.eval_before = false`) and report the first's figure, so every
+such row has the same baseline.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ def compare_command(
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     warm_starts: dict[str, tuple[Path, str]] = {}  # warm-start key -> (checkpoint, made by)
+    baselines: dict[str, tuple[tuple[int, int], str]] = {}  # eval key -> (before, measured by)
     for config, job in jobs:
         for seed in range(seeds):
             label = f"{config.stem}-s{seed}"
@@ -75,13 +80,24 @@ def compare_command(
             if shared:
                 typer.echo(f"compare: {label} starts RL from {shared[0]}", err=True)
                 prepared = from_checkpoint(prepared, shared[0])
-            row = run_one(prepared, label, config, out)
+            baseline = baselines.get(before_eval_key(prepared)) if shared else None
+            if baseline:
+                typer.echo(f"compare: {label} reuses {baseline[1]}'s evaluation before RL "
+                           "(same checkpoint, seed and evaluation settings)", err=True)
+                prepared = without_before_eval(prepared)
+            row = run_one(prepared, label, config, out, before=baseline[0] if baseline else None)
             if shared:
                 row["warm_start_from"] = shared[1]
             elif key and row["run_id"]:
                 made = Path(prepared.run.output_dir) / row["run_id"] / "sft"
                 if (made / "config.json").exists():
                     warm_starts[key] = (made, label)
+                    shared = (made, label)
+            if baseline:
+                row["before_from"] = baseline[1]
+            elif shared and row.get("before", (0, 0))[1]:
+                baselines[before_eval_key(from_checkpoint(prepared, shared[0]))] = (
+                    row["before"], label)
             rows.append(row)
     write_outputs(rows, out)
     typer.echo((out / "compare.md").read_text())
@@ -119,7 +135,25 @@ def from_checkpoint(job, checkpoint: Path):
     return type(job).model_validate(data)
 
 
-def run_one(job, label: str, config: Path, out: Path) -> dict[str, Any]:
+def before_eval_key(job) -> str:
+    """What a run's evaluation before RL depends on: the starting model, the seed (it picks the
+    held-out instances) and the sections that shape a trajectory. Runs with equal keys measure
+    the same thing before RL, so one measurement serves them all."""
+    data = job.model_dump(mode="json")
+    return json.dumps([data[k] for k in ("model", "engine", "sandbox", "tasks", "rollout")]
+                      + [job.run.seed], sort_keys=True)
+
+
+def without_before_eval(job):
+    data = job.model_dump(mode="json")
+    data["tasks"]["eval_before"] = False
+    return type(job).model_validate(data)
+
+
+def run_one(job, label: str, config: Path, out: Path,
+            before: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Run the job; `before` is the evaluation before RL measured by an earlier run when this
+    run skips its own."""
     from orchestrator.job import run_job
     from stalewise.store.store import Store
 
@@ -129,7 +163,7 @@ def run_one(job, label: str, config: Path, out: Path) -> dict[str, Any]:
         run_id = latest_run(store, label)
         row = {"label": label, "config": str(config), "run_id": run_id, "exit_code": code}
         if run_id is not None:
-            row.update(run_figures(store, run_id))
+            row.update(run_figures(store, run_id, before))
         return row
     finally:
         store.close()
@@ -146,13 +180,15 @@ def latest_run(store, name: str) -> str | None:
                          .order_by(runs.c.created_at.desc()).limit(1)).scalar()
 
 
-def run_figures(store, run_id: str) -> dict[str, Any]:
-    """Held-out success before/after, RL seconds and tokens, and diagnostics, from the store."""
+def run_figures(store, run_id: str, before: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Held-out success before/after, RL seconds and tokens, and diagnostics, from the store;
+    `before` given means the run did not evaluate before RL itself."""
     from orchestrator.ledger import build_ledger
     from orchestrator.report import generated_work, held_out_gain, rollout_dynamics
     from stalewise.store import audit
 
-    before, after = eval_counts(store, run_id)
+    own_before, after = eval_counts(store, run_id, has_before=before is None)
+    before = before or own_before
     seconds, tokens = rl_extent(store, run_id)
     curve = audit.learner_steps(store, run_id)
     _, skew = build_ledger(generated_work(store, run_id))
@@ -172,9 +208,11 @@ def run_figures(store, run_id: str) -> dict[str, Any]:
     return figures
 
 
-def eval_counts(store, run_id: str) -> tuple[tuple[int, int], tuple[int, int]]:
+def eval_counts(store, run_id: str, has_before: bool = True
+                ) -> tuple[tuple[int, int], tuple[int, int]]:
     """(successes, instances) of the before and after evaluations: the run's eval trajectories
-    in id order, first half before RL; infrastructure errors count as failures."""
+    in id order, first half before RL (all after RL when the run has no evaluation before);
+    infrastructure errors count as failures."""
     from sqlalchemy import select
 
     from stalewise.store import schema as s
@@ -183,7 +221,7 @@ def eval_counts(store, run_id: str) -> tuple[tuple[int, int], tuple[int, int]]:
     with store.engine.connect() as c:
         rewards = [r for (r,) in c.execute(select(t.c.reward).where(
             t.c.run_id == run_id, t.c.purpose == "eval").order_by(t.c.id))]
-    half = len(rewards) // 2
+    half = len(rewards) // 2 if has_before else 0
     solved = [r is not None and r >= SUCCESS for r in rewards]
     return (sum(solved[:half]), half), (sum(solved[half:]), len(rewards) - half)
 
@@ -247,6 +285,10 @@ def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
     if shared:
         lines += ["", "Shared SFT warm starts (same checkpoint, so the same model before RL): "
                   + "; ".join(shared) + "."]
+    reused = [f"{r['label']} uses {r['before_from']}'s" for r in rows if r.get("before_from")]
+    if reused:
+        lines += ["", "Shared evaluations before RL (same checkpoint, seed and evaluation "
+                  "settings, measured once): " + "; ".join(reused) + "."]
     (out / "compare.md").write_text("\n".join(lines) + "\n")
     plot(rows, out)
 

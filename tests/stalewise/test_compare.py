@@ -74,6 +74,11 @@ def test_compare_two_tiny_jobs(tmp_path):
     second = store.run(rows[1]["run_id"]).config
     store.close()
     assert second["model"]["path"] == str(made) and not second["learner"]["sft"]["enabled"]
+    # the same checkpoint, seed and evaluation settings: one evaluation before RL serves both
+    assert not second["tasks"]["eval_before"] and rows[1]["before_from"] == "sync-s0"
+    assert rows[1]["before"] == rows[0]["before"] and "before_from" not in rows[0]
+    assert eval_trajectories(out, rows[0]["run_id"]) == 8  # before and after
+    assert eval_trajectories(out, rows[1]["run_id"]) == 4  # after only
     for row in rows:
         assert row["exit_code"] == 0 and row["run_id"]
         assert row["before"][1] == row["after"][1] == 4
@@ -81,10 +86,25 @@ def test_compare_two_tiny_jobs(tmp_path):
         assert "held_out_95" in row and "multi_version_fraction" in row
     table = (out / "compare.md").read_text()
     assert "| sync-s0 |" in table and "| async-s0 |" in table and "IS ESS" in table
-    assert "async-s0 from sync-s0's" in table
+    assert "async-s0 from sync-s0's" in table and "async-s0 uses sync-s0's" in table
     for name in ("success-vs-seconds", "success-vs-tokens"):
         assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
         assert "<svg" in (out / f"{name}.svg").read_text()
+
+
+def eval_trajectories(out: Path, run_id: str) -> int:
+    from sqlalchemy import func, select
+
+    from stalewise.store import schema as s
+
+    t = s.Trajectory.__table__
+    store = Store.open(f"sqlite:///{out / 'compare.db'}")
+    try:
+        with store.engine.connect() as c:
+            return c.execute(select(func.count()).where(
+                t.c.run_id == run_id, t.c.purpose == "eval")).scalar()
+    finally:
+        store.close()
 
 
 def test_compare_refuses_a_warm_start_that_is_not_a_checkpoint(tmp_path):

@@ -86,17 +86,18 @@ def compare_command(
                            "(same checkpoint, seed and evaluation settings)", err=True)
                 prepared = without_before_eval(prepared)
             row = run_one(prepared, label, config, out, before=baseline[0] if baseline else None)
+            start = shared[0] if shared else None  # the checkpoint RL started from
             if shared:
                 row["warm_start_from"] = shared[1]
             elif key and row["run_id"]:
                 made = Path(prepared.run.output_dir) / row["run_id"] / "sft"
                 if (made / "config.json").exists():
                     warm_starts[key] = (made, label)
-                    shared = (made, label)
+                    start = made
             if baseline:
                 row["before_from"] = baseline[1]
-            elif shared and row.get("before", (0, 0))[1]:
-                baselines[before_eval_key(from_checkpoint(prepared, shared[0]))] = (
+            elif start is not None and row.get("before", (0, 0))[1]:
+                baselines[before_eval_key(from_checkpoint(prepared, start))] = (
                     row["before"], label)
             rows.append(row)
     write_outputs(rows, out)
@@ -108,14 +109,21 @@ def compare_command(
         raise typer.Exit(1)
 
 
+def edited(job, change):
+    """A validated copy of the job whose plain data `change` has edited in place."""
+    data = job.model_dump(mode="json")
+    change(data)
+    return type(job).model_validate(data)
+
+
 def prepare(job, label: str, seed: int, budget: float | None, out: Path):
     """The job with the comparison's store, folder, seed and budget."""
-    data = job.model_dump(mode="json")
-    data["run"].update(name=label, seed=seed, db_url=f"sqlite:///{out / 'compare.db'}",
-                       output_dir=str(out / "runs"))
-    if budget is not None:
-        data["pipeline"].update(budget_s=budget, steps=UNBOUNDED_STEPS)
-    return type(job).model_validate(data)
+    def change(data):
+        data["run"].update(name=label, seed=seed, db_url=f"sqlite:///{out / 'compare.db'}",
+                           output_dir=str(out / "runs"))
+        if budget is not None:
+            data["pipeline"].update(budget_s=budget, steps=UNBOUNDED_STEPS)
+    return edited(job, change)
 
 
 def warm_start_key(job) -> str | None:
@@ -129,10 +137,10 @@ def warm_start_key(job) -> str | None:
 
 def from_checkpoint(job, checkpoint: Path):
     """The job starting RL from an existing warm-start checkpoint instead of making its own."""
-    data = job.model_dump(mode="json")
-    data["model"].update(path=str(checkpoint), create_tiny=False)
-    data["learner"]["sft"]["enabled"] = False
-    return type(job).model_validate(data)
+    def change(data):
+        data["model"].update(path=str(checkpoint), create_tiny=False)
+        data["learner"]["sft"]["enabled"] = False
+    return edited(job, change)
 
 
 def before_eval_key(job) -> str:
@@ -145,9 +153,7 @@ def before_eval_key(job) -> str:
 
 
 def without_before_eval(job):
-    data = job.model_dump(mode="json")
-    data["tasks"]["eval_before"] = False
-    return type(job).model_validate(data)
+    return edited(job, lambda data: data["tasks"].update(eval_before=False))
 
 
 def run_one(job, label: str, config: Path, out: Path,

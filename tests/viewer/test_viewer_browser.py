@@ -106,7 +106,13 @@ def test_a_trajectory_opens_and_its_tokens_change_colour_by_channel(browser, vie
     by_version = _span_colours(browser)
     assert by_version != by_logprob
     assert browser.find_element(By.ID, "legend").text == "one colour per version"
-    ActionChains(browser).move_to_element(spans[0]).perform()
+    # a token that wraps across lines, or is only a line break, has its centre outside its own
+    # boxes: the pointer would land on the paragraph, so hover one laid out as a single box
+    target = browser.execute_script(
+        "return [...arguments[0]].find(s => { const r = s.getClientRects();"
+        " return r.length === 1 && r[0].width > 2 && r[0].height > 2; });", spans)
+    assert target is not None, "no token span is laid out as a single box"
+    ActionChains(browser).move_to_element(target).perform()
     card = browser.find_element(By.ID, "card")
     wait_for(browser, lambda b: card.is_displayed(), "the hover card")
     assert "sampler log-prob" in card.text and "weights v" in card.text

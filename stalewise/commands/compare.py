@@ -1,4 +1,5 @@
-"""`stalewise compare JOB.toml [JOB.toml ...] [--budget SECONDS] [--seeds N] [--out DIR]`.
+"""`stalewise compare JOB.toml [JOB.toml ...] [--budget SECONDS] [--seeds N] [--first-seed S]
+[--out DIR]`.
 
 Runs each job (each seed in turn, one after another, so they never compete for the machine) on
 the same workload, budget and store, then writes, in DIR:
@@ -45,7 +46,9 @@ def compare_command(
     configs: list[Path] = typer.Argument(..., help="job configs (TOML) to compare"),
     budget: float | None = typer.Option(None, "--budget", min=1.0,
                                         help="seconds of RL per run (default: each job's steps)"),
-    seeds: int = typer.Option(1, "--seeds", min=1, help="runs per job, seeds 0..N-1"),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="runs per job, seeds S..S+N-1"),
+    first_seed: int = typer.Option(0, "--first-seed", min=0,
+                                   help="S, the first seed (default 0)"),
     out: Path | None = typer.Option(None, "--out", help="output folder (default "
                                     "var/compare/<time>)"),
     share_warm_start: bool = typer.Option(
@@ -71,7 +74,7 @@ def compare_command(
     warm_starts: dict[str, tuple[Path, str]] = {}  # warm-start key -> (checkpoint, made by)
     baselines: dict[str, tuple[tuple[int, int], str]] = {}  # eval key -> (before, measured by)
     for config, job in jobs:
-        for seed in range(seeds):
+        for seed in range(first_seed, first_seed + seeds):
             label = f"{config.stem}-s{seed}"
             typer.echo(f"compare: running {label} (budget {budget or 'steps'} s)", err=True)
             prepared = prepare(job, label, seed, budget, out)

@@ -61,21 +61,22 @@ def test_compare_two_tiny_jobs(tmp_path):
     out = tmp_path / "out"
     result = CliRunner().invoke(app, [
         "compare", str(tiny_job(tmp_path, model, "sync")), str(tiny_job(tmp_path, model, "async")),
-        "--budget", "8", "--out", str(out)])
+        "--budget", "8", "--first-seed", "3", "--out", str(out)])
     assert result.exit_code == 0, result.output
     rows = json.loads((out / "compare.json").read_text())
-    assert [r["label"] for r in rows] == ["sync-s0", "async-s0"]
+    assert [r["label"] for r in rows] == ["sync-s3", "async-s3"]
     # one warm start, made by the first run; the second starts RL from its checkpoint
     made = out / "runs" / rows[0]["run_id"] / "sft"
     assert (made / "config.json").exists() and "warm_start_from" not in rows[0]
-    assert rows[1]["warm_start_from"] == "sync-s0"
+    assert rows[1]["warm_start_from"] == "sync-s3"
     assert not (out / "runs" / rows[1]["run_id"] / "sft").exists()
     store = Store.open(f"sqlite:///{out / 'compare.db'}")
     second = store.run(rows[1]["run_id"]).config
     store.close()
     assert second["model"]["path"] == str(made) and not second["learner"]["sft"]["enabled"]
+    assert second["run"]["seed"] == 3
     # the same checkpoint, seed and evaluation settings: one evaluation before RL serves both
-    assert not second["tasks"]["eval_before"] and rows[1]["before_from"] == "sync-s0"
+    assert not second["tasks"]["eval_before"] and rows[1]["before_from"] == "sync-s3"
     assert rows[1]["before"] == rows[0]["before"] and "before_from" not in rows[0]
     assert eval_trajectories(out, rows[0]["run_id"]) == 8  # before and after
     assert eval_trajectories(out, rows[1]["run_id"]) == 4  # after only
@@ -85,8 +86,8 @@ def test_compare_two_tiny_jobs(tmp_path):
         assert row["sampled_tokens"] > 0 and row["rl_seconds"] > 0
         assert "held_out_95" in row and "multi_version_fraction" in row
     table = (out / "compare.md").read_text()
-    assert "| sync-s0 |" in table and "| async-s0 |" in table and "IS ESS" in table
-    assert "async-s0 from sync-s0's" in table and "async-s0 uses sync-s0's" in table
+    assert "| sync-s3 |" in table and "| async-s3 |" in table and "IS ESS" in table
+    assert "async-s3 from sync-s3's" in table and "async-s3 uses sync-s3's" in table
     for name in ("success-vs-seconds", "success-vs-tokens"):
         assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
         assert "<svg" in (out / f"{name}.svg").read_text()

@@ -397,6 +397,13 @@ def print_summary(summary: dict, results: list[EvalResult], job: JobConfig) -> N
             lines.append(f"  95% intervals: gain {summary['held_out_95']['gain']} "
                          f"(before {summary['held_out_95']['before']}, after "
                          f"{summary['held_out_95']['after']})")
+    elif "after" in by_label:
+        after = by_label["after"]
+        lines.append(f"  success rate on {after.instances} held-out {job.tasks.family} "
+                     f"instances: after RL {100 * after.success_rate:.1f}% (no evaluation "
+                     f"before RL in this run: tasks.eval_before = false)")
+        lines.append(f"  infrastructure errors in the evaluation (counted as failures): "
+                     f"{after.infra_errors}")
     dynamics = summary["rollout_dynamics"]
     lines.append(f"  rollouts: {dynamics['multi_version_fraction']} of trajectories span >1 "
                  f"weights version, KV lag mean {dynamics['mean_kv_lag']} max "

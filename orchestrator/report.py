@@ -2,8 +2,10 @@
 
 `rollout_dynamics` reads, from the trajectories and decisions of a run, how far rollouts spanned
 weight updates (the share of trajectories sampled by more than one weights version, the
-weights-version span, the KV-version lag: newest weights version minus the oldest version in
-the KV cache it attended to), how many ran out of time and what admission did with them.
+weights-version span, the KV-version lag: for each sampled token, its weights version minus the
+oldest version in the KV cache it attended to, and a trajectory's lag the largest of its tokens',
+so a KV cache recomputed at every update shows lag 0 however many versions the trajectory
+spans), how many ran out of time and what admission did with them.
 `held_out_gain` turns before/after success counts into Wilson and Newcombe 95% intervals
 (`stalewise.stats`). `build_ledger_from_store` reads every finished training trajectory of a run with its final
 admission decision, computes the ledger (`orchestrator.ledger`) and stores its rows; the
@@ -24,6 +26,7 @@ from typing import Any
 from sqlalchemy import func, insert, select
 
 from orchestrator.ledger import Generated, LedgerRow, Skew, build_ledger
+from stalewise.records import INT32, unpack
 from stalewise.stats import newcombe_difference, wilson
 from stalewise.store import schema as s
 from stalewise.store.store import Store
@@ -66,7 +69,7 @@ def rollout_dynamics(store: Store, run_id: str) -> dict[str, Any]:
         rows = list(c.execute(query))
     sampled = [r for r in rows if r.min_version is not None and r.max_version is not None]
     spans = [r.max_version - r.min_version for r in sampled]
-    kv_lags = [r.max_version - r.min_kv_version for r in sampled if r.min_kv_version is not None]
+    kv_lags = list(kv_lag_by_trajectory(store, run_id).values())
     timeouts = [r for r in rows if r.stop_reason in TIMEOUT_STOPS]
     return {
         "trajectories": len(rows),
@@ -81,6 +84,22 @@ def rollout_dynamics(store: Store, run_id: str) -> dict[str, Any]:
         "timeouts": len(timeouts),
         "timeout_decisions": dict(Counter(r.reason or "undecided" for r in timeouts)),
     }
+
+
+def kv_lag_by_trajectory(store: Store, run_id: str) -> dict[int, int]:
+    """For each finished train trajectory with sampled tokens: the largest, over its tokens, of
+    weights version minus the oldest KV version the token attended to."""
+    t, m = s.Trajectory.__table__, s.ModelCall.__table__
+    query = (select(m.c.trajectory_id, m.c.weights_versions, m.c.kv_versions)
+             .select_from(m.join(t, t.c.id == m.c.trajectory_id))
+             .where(t.c.run_id == run_id, t.c.purpose == "train", m.c.num_tokens > 0,
+                    t.c.status.notin_(("queued", "running", "aborted"))))
+    lags: dict[int, int] = {}
+    with store.engine.connect() as c:
+        for r in c.execute(query):
+            lag = int((unpack(r.weights_versions, INT32) - unpack(r.kv_versions, INT32)).max())
+            lags[r.trajectory_id] = max(lag, lags.get(r.trajectory_id, lag))
+    return lags
 
 
 def held_out_gain(before: tuple[int, int], after: tuple[int, int]) -> dict[str, Any]:

@@ -304,3 +304,36 @@ def test_rollout_dynamics_reports_version_spans_kv_lag_and_timeouts(sqlite_url):
     gain = held_out_gain((10, 64), (30, 64))
     assert gain["gain_excludes_zero"] and gain["gain_low"] > 0
     assert not held_out_gain((30, 64), (32, 64))["gain_excludes_zero"]
+
+
+def test_kv_lag_is_per_token_so_a_recomputed_cache_has_none(sqlite_url):
+    """Two trajectories each span an update (version 0 then 1). One kept its cache: its second
+    call's tokens ran on weights 1 over KV from 0, lag 1. The other had its cache recomputed:
+    every token's KV is as new as its weights, lag 0, though it too spans two versions."""
+    import time
+
+    from orchestrator.report import kv_lag_by_trajectory, rollout_dynamics
+    from stalewise.records import SampledTokens
+    from stalewise.store.store import model_call_row
+
+    store = Store.open(sqlite_url, create=True)
+    store.create_run("r", name="r", config={}, pipeline_mode="inflight")
+    stamp = time.time()
+    ids = {}
+    for name, second_kv in (("retain", 0), ("recompute", 1)):
+        ids[name] = store.create_trajectory("r", group_id=None, task_instance_id=None)
+        store.insert_model_calls([model_call_row(
+            trajectory_id=ids[name], turn=turn, segment=0, context_len=4 * turn,
+            prompt_token_ids=[1, 2], tokens=SampledTokens([5, 6], [-0.1, -0.2], [weights] * 2,
+                                                          [kv] * 2, [0.0, 0.1]),
+            sampling={}, engine_id="e", finish_reason="stop", cached_prompt_tokens=0,
+            started_at=stamp, finished_at=stamp) for turn, weights, kv in
+            ((0, 0, 0), (1, 1, second_kv))])
+        store.update_trajectory(ids[name], status="completed", stop_reason="answered",
+                                min_version=0, max_version=1, min_kv_version=0)
+    assert kv_lag_by_trajectory(store, "r") == {ids["retain"]: 1, ids["recompute"]: 0}
+    dynamics = rollout_dynamics(store, "r")
+    assert dynamics["multi_version_fraction"] == 1.0 and dynamics["max_version_span"] == 1
+    assert dynamics["max_kv_lag"] == 1 and dynamics["mean_kv_lag"] == 0.5
+    assert dynamics["kv_lagged_fraction"] == 0.5
+    store.close()

@@ -80,6 +80,7 @@ def test_compare_two_tiny_jobs(tmp_path):
     assert rows[1]["before"] == rows[0]["before"] and "before_from" not in rows[0]
     assert eval_trajectories(out, rows[0]["run_id"]) == 8  # before and after
     assert eval_trajectories(out, rows[1]["run_id"]) == 4  # after only
+    assert "instances: after RL" in result.output and "tasks.eval_before = false" in result.output
     for row in rows:
         assert row["exit_code"] == 0 and row["run_id"]
         assert row["before"][1] == row["after"][1] == 4

@@ -32,6 +32,9 @@ from stalewise.store import schema as s
 from stalewise.store.store import Store
 
 
+UNFINISHED = ("queued", "running", "aborted")  # trajectory statuses the summary leaves out
+
+
 def generated_work(store: Store, run_id: str) -> list[Generated]:
     t, d, ti = s.Trajectory.__table__, s.AdmissionDecision.__table__, s.TaskInstance.__table__
     last = (select(d.c.trajectory_id, func.max(d.c.id).label("id"))
@@ -42,7 +45,7 @@ def generated_work(store: Store, run_id: str) -> list[Generated]:
                           .outerjoin(last, last.c.trajectory_id == t.c.id)
                           .outerjoin(d, d.c.id == last.c.id))
              .where(t.c.run_id == run_id, t.c.purpose == "train",
-                    t.c.status.notin_(("queued", "running", "aborted"))))
+                    t.c.status.notin_(UNFINISHED)))
     with store.engine.connect() as c:
         return [Generated(family=r.family, difficulty=r.difficulty or "all",
                           duration_s=(r.finished_at or 0.0) - (r.started_at or 0.0),
@@ -59,12 +62,11 @@ def rollout_dynamics(store: Store, run_id: str) -> dict[str, Any]:
     t, d = s.Trajectory.__table__, s.AdmissionDecision.__table__
     last = (select(d.c.trajectory_id, func.max(d.c.id).label("id"))
             .where(d.c.run_id == run_id).group_by(d.c.trajectory_id).subquery())
-    query = (select(t.c.min_version, t.c.max_version, t.c.min_kv_version, t.c.stop_reason,
-                    d.c.reason)
+    query = (select(t.c.min_version, t.c.max_version, t.c.stop_reason, d.c.reason)
              .select_from(t.outerjoin(last, last.c.trajectory_id == t.c.id)
                           .outerjoin(d, d.c.id == last.c.id))
              .where(t.c.run_id == run_id, t.c.purpose == "train",
-                    t.c.status.notin_(("queued", "running", "aborted"))))
+                    t.c.status.notin_(UNFINISHED)))
     with store.engine.connect() as c:
         rows = list(c.execute(query))
     sampled = [r for r in rows if r.min_version is not None and r.max_version is not None]
@@ -93,7 +95,7 @@ def kv_lag_by_trajectory(store: Store, run_id: str) -> dict[int, int]:
     query = (select(m.c.trajectory_id, m.c.weights_versions, m.c.kv_versions)
              .select_from(m.join(t, t.c.id == m.c.trajectory_id))
              .where(t.c.run_id == run_id, t.c.purpose == "train", m.c.num_tokens > 0,
-                    t.c.status.notin_(("queued", "running", "aborted"))))
+                    t.c.status.notin_(UNFINISHED)))
     lags: dict[int, int] = {}
     with store.engine.connect() as c:
         for r in c.execute(query):

@@ -89,14 +89,15 @@ def _suite_demonstrations(
     return [(list(s.token_ids), list(s.loss_mask)) for s in samples]
 
 
-def _heldout_demo_probability(
+def _demo_probability(
     suite: str, learner: object, options: dict, chat_format: str, tool_listing: str,
-    count: int = 64,
+    split: str = "eval", start: int = 0, count: int = 64,
 ) -> tuple[int, float] | None:
     """(instances, mean probability) that a temperature-1 sample of the checkpoint reproduces
-    the correct demonstration of each of `count` eval instances, every turn of it; None for a
-    family without an eval split or demonstrations. A lower bound on held-out success (other
-    answers may be right too) that needs no sandbox: a warm start near 0 gives RL nothing."""
+    the correct demonstration of each of `count` `split` instances from `start`, every turn of
+    it; None for a family without that split or demonstrations. A lower bound on success
+    (other answers may be right too) that needs no sandbox: a warm start near 0 gives RL
+    nothing."""
     import math
     from collections import defaultdict
 
@@ -105,9 +106,10 @@ def _heldout_demo_probability(
     from tasks.chat import make_chat_format
 
     family = load_family(suite, options)
-    if "eval" not in family.splits or not family.has_demonstrations:
+    if split not in family.splits or not family.has_demonstrations:
         return None
-    demos = [family.demonstration(task, True) for task in family.instances("eval", 0, count)]
+    demos = [family.demonstration(task, True)
+             for task in family.instances(split, start, count)]
     samples = demonstration_samples(
         demos, make_chat_format(learner.tokenizer, chat_format, tool_listing=tool_listing))
     sums = loss_token_logprobs(learner, [(s.token_ids, s.loss_mask) for s in samples])
@@ -242,11 +244,23 @@ def sft_command(
                                           tool_listing=tool_listing)
         else:
             demos = tool_call_demonstrations(learner.tokenizer, synthetic, seed=cfg.sft.seed)
-        result = run_sft(learner, demos)
+        score = None
+        if suite is not None and cfg.sft.select_every > 0:
+            # train instances after the demonstrated ones (demonstrations take train 0..N-1):
+            # never demonstrated, and never eval instances, so the held-out check stays clean
+            def score() -> float:
+                found = _demo_probability(suite, learner, json.loads(options), chat_format,
+                                          tool_listing, "train", cfg.sft.demonstrations,
+                                          cfg.sft.select_instances)
+                if found is None:
+                    raise ValueError(f"sft.select_every needs a family with demonstrations; "
+                                     f"{suite} has none")
+                return found[1]
+        result = run_sft(learner, demos, score=score)
         heldout = None
         if suite is not None:
-            heldout = _heldout_demo_probability(suite, learner, json.loads(options),
-                                                chat_format, tool_listing)
+            heldout = _demo_probability(suite, learner, json.loads(options), chat_format,
+                                        tool_listing)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     finally:
@@ -261,10 +275,18 @@ def sft_command(
             "loss_before": result.loss_before,
             "loss_after": result.loss_after,
             "stages": stages,
+            **({"select_scores": result.scores, "kept_step": result.kept_step}
+               if result.kept_step is not None else {}),
             **({"heldout_instances": heldout[0], "heldout_demo_probability": heldout[1]}
                if heldout else {}),
         },
     )
+    if result.kept_step is not None:
+        typer.echo(
+            "checkpoint selection on never-demonstrated train instances (step: mean probability "
+            "of the correct demonstration): "
+            + ", ".join(f"{step}: {value:.1%}" for step, value in result.scores.items())
+            + f"; kept step {result.kept_step}")
     if heldout:
         typer.echo(
             f"held-out check: a temperature-1 sample reproduces the correct demonstration of "

@@ -6,14 +6,19 @@ AdamW for `SftConfig.steps` steps of `batch_size` demonstrations (reshuffled eac
 into micro-batches that share the batch's token count as denominator) and reports the mean
 cross-entropy per loss token over all demonstrations before and after. Each step's report goes
 to the learner's sinks with mode "sft".
+
+With `SftConfig.select_every` and a `score` function (higher is better, measured on instances
+the demonstrations do not cover), the checkpoint is scored every `select_every` steps and at
+the end, and the best-scoring weights are kept: a warm start that has begun to fit its own
+demonstrations at the expense of new instances goes back to the step where it generalised best.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -32,6 +37,8 @@ class SftResult:
     loss_before: float  # nats per loss token over all demonstrations
     loss_after: float
     step_losses: list[float]
+    scores: dict[int, float] = field(default_factory=dict)  # step -> score, when selecting
+    kept_step: int | None = None  # the step whose weights were kept, when selecting
 
 
 def sft_loss(
@@ -130,9 +137,12 @@ def run_sft(
     learner: Learner,
     demonstrations: Sequence[tuple[Sequence[int], Sequence[int]]],
     sft: SftConfig | None = None,
+    score: Callable[[], float] | None = None,
 ) -> SftResult:
-    """Supervised warm start on (token_ids, loss_mask) pairs."""
+    """Supervised warm start on (token_ids, loss_mask) pairs; with `score` and
+    `sft.select_every`, the best-scoring of the checkpoints every `select_every` steps."""
     sft = sft or learner.cfg.sft
+    selecting = score is not None and sft.select_every > 0
     samples = [demonstration(ids, mask, i) for i, (ids, mask) in enumerate(demonstrations)]
     if not samples:
         raise ValueError("run_sft: no demonstrations")
@@ -144,10 +154,21 @@ def run_sft(
     before = sft_loss(learner, samples)
     losses: list[float] = []
     order: list[int] = []
+    scores: dict[int, float] = {}
+    kept: tuple[int, dict[str, torch.Tensor]] | None = None  # (step, weights) scoring best
     for _ in range(sft.steps):
         if len(order) < sft.batch_size:
             order += torch.randperm(len(samples), generator=generator).tolist()
         picked, order = order[: sft.batch_size], order[sft.batch_size :]
         losses.append(sft_step(learner, [samples[i] for i in picked], optimizer, sft).loss)
         schedule.step()
-    return SftResult(before, sft_loss(learner, samples), losses)
+        done = len(losses)
+        if selecting and (done % sft.select_every == 0 or done == sft.steps):
+            scores[done] = score()
+            if kept is None or scores[done] > scores[kept[0]]:
+                kept = (done, {k: v.detach().clone() for k, v in
+                               learner.policy.state_dict().items()})
+    if kept is not None and kept[0] != len(losses):
+        learner.policy.load_state_dict(kept[1])
+    return SftResult(before, sft_loss(learner, samples), losses, scores,
+                     kept[0] if kept else None)

@@ -100,7 +100,8 @@ async def warm_start(job: JobConfig, model_dir: Path, run_dir: Path) -> Path:
         raise RuntimeError(f"the SFT warm start failed; last log lines:\n{child.log_tail()}")
     done = json.loads((out / "stalewise.json").read_text())  # what `learner sft` measured
     log.info("warm start done", **{key: round(done[key], 4) for key in
-                                   ("loss_after", "heldout_demo_probability") if key in done})
+                                   ("loss_after", "heldout_demo_probability") if key in done},
+             **({"kept_step": done["kept_step"]} if "kept_step" in done else {}))
     return out
 
 

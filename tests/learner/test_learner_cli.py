@@ -169,3 +169,20 @@ def test_train_refuses_several_workers_and_names_the_fix(workdir):
     assert result.exit_code != 0
     words = " ".join(result.output.replace("│", " ").split())  # the error box wraps lines
     assert "workers = 2" in words and "set workers = 1" in words, result.output
+
+
+def test_sft_selection_scores_never_demonstrated_train_instances(workdir):
+    """`sft.select_every` from a config file: the command prints every scored step and the kept
+    one, and stalewise.json records them; the held-out check still reads eval instances."""
+    config = workdir / "select.toml"
+    config.write_text('[sft]\nbatch_size = 2\nlr = 5e-3\nselect_every = 2\nselect_instances = 8\n')
+    out = _run("sft", str(workdir / "tiny"), "--out", str(workdir / "sft-select"),
+               "--suite", "arith", "--count", "4", "--steps", "5", "--config", str(config))
+    line = next(line for line in out.splitlines() if line.startswith("checkpoint selection"))
+    done = json.loads((workdir / "sft-select" / "stalewise.json").read_text())
+    assert sorted(int(step) for step in done["select_scores"]) == [2, 4, 5]
+    assert done["kept_step"] in (2, 4, 5) and line.endswith(f"kept step {done['kept_step']}")
+    best = max(done["select_scores"].values())
+    assert done["select_scores"][str(done["kept_step"])] == best
+    assert "of 64 eval instances" in next(
+        line for line in out.splitlines() if line.startswith("held-out check"))

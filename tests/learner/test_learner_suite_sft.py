@@ -82,3 +82,38 @@ def test_the_sft_learning_rate_warms_up_then_follows_its_schedule(tiny, monkeypa
     seen.clear()
     run_sft(learner, demos, SftConfig(steps=3, batch_size=2, lr=1e-3))
     assert seen == pytest.approx([1e-3] * 3)  # the default: constant
+
+
+def test_checkpoint_selection_keeps_the_weights_of_the_best_scored_step(tiny):
+    """`select_every`: the checkpoint is scored every N steps and at the end; the run ends on
+    the weights of the best-scored step, not the last, and says which step that was."""
+    learner = Learner(tiny, LearnerConfig())
+    family = load_family("arith", {"max_ops": 2})
+    samples = demonstration_samples(family.demonstrations(8, seed=1),
+                                    make_chat_format(learner.tokenizer))
+    demos = [(s.token_ids, s.loss_mask) for s in samples]
+    snapshots: dict[int, dict[str, torch.Tensor]] = {}
+    peak = {6: 0.9}  # step 6 scores best; every other scored step scores lower
+
+    def score() -> float:
+        snapshots[learner.step] = {k: v.clone() for k, v in learner.policy.state_dict().items()}
+        return peak.get(learner.step, 0.1 * learner.step / 10)
+
+    sft = SftConfig(steps=10, batch_size=4, micro_batch_size=2, lr=5e-3, select_every=3)
+    result = run_sft(learner, demos, sft, score=score)
+    assert sorted(result.scores) == [3, 6, 9, 10], "every 3 steps and at the end"
+    assert result.kept_step == 6
+    assert len(result.step_losses) == 10
+    kept = learner.policy.state_dict()
+    assert all(torch.equal(kept[k], snapshots[6][k]) for k in kept)
+    assert not all(torch.equal(kept[k], snapshots[10][k]) for k in kept)
+
+
+def test_without_a_score_the_run_keeps_its_last_weights(tiny):
+    learner = Learner(tiny, LearnerConfig())
+    family = load_family("arith", {"max_ops": 2})
+    samples = demonstration_samples(family.demonstrations(4, seed=1),
+                                    make_chat_format(learner.tokenizer))
+    result = run_sft(learner, [(s.token_ids, s.loss_mask) for s in samples],
+                     SftConfig(steps=4, batch_size=2, micro_batch_size=2, select_every=2))
+    assert result.kept_step is None and result.scores == {}

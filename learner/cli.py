@@ -89,19 +89,12 @@ def _suite_demonstrations(
     return [(list(s.token_ids), list(s.loss_mask)) for s in samples]
 
 
-def _demo_probability(
-    suite: str, learner: object, options: dict, chat_format: str, tool_listing: str,
+def _correct_demo_samples(
+    suite: str, tokenizer: object, options: dict, chat_format: str, tool_listing: str,
     split: str = "eval", start: int = 0, count: int = 64,
-) -> tuple[int, float] | None:
-    """(instances, mean probability) that a temperature-1 sample of the checkpoint reproduces
-    the correct demonstration of each of `count` `split` instances from `start`, every turn of
-    it; None for a family without that split or demonstrations. A lower bound on success
-    (other answers may be right too) that needs no sandbox: a warm start near 0 gives RL
-    nothing."""
-    import math
-    from collections import defaultdict
-
-    from learner.sft import loss_token_logprobs
+) -> list | None:
+    """The correct demonstrations of `count` `split` instances from `start`, tokenised in the
+    job's chat format; None for a family without that split or demonstrations."""
     from tasks import demonstration_samples, load_family
     from tasks.chat import make_chat_format
 
@@ -110,8 +103,20 @@ def _demo_probability(
         return None
     demos = [family.demonstration(task, True)
              for task in family.instances(split, start, count)]
-    samples = demonstration_samples(
-        demos, make_chat_format(learner.tokenizer, chat_format, tool_listing=tool_listing))
+    return demonstration_samples(
+        demos, make_chat_format(tokenizer, chat_format, tool_listing=tool_listing))
+
+
+def _demo_probability(learner: object, samples: list) -> tuple[int, float] | None:
+    """(instances, mean probability) that a temperature-1 sample of the checkpoint reproduces
+    each instance's correct demonstration in `samples`, every turn of it. A lower bound on
+    success (other answers may be right too) that needs no sandbox: a warm start near 0 gives
+    RL nothing."""
+    import math
+    from collections import defaultdict
+
+    from learner.sft import loss_token_logprobs
+
     sums = loss_token_logprobs(learner, [(s.token_ids, s.loss_mask) for s in samples])
     per_task: dict[str, float] = defaultdict(float)
     for sample, logprob in zip(samples, sums):
@@ -247,20 +252,21 @@ def sft_command(
         score = None
         if suite is not None and cfg.sft.select_every > 0:
             # train instances after the demonstrated ones (demonstrations take train 0..N-1):
-            # never demonstrated, and never eval instances, so the held-out check stays clean
-            def score() -> float:
-                found = _demo_probability(suite, learner, json.loads(options), chat_format,
-                                          tool_listing, "train", cfg.sft.demonstrations,
-                                          cfg.sft.select_instances)
-                if found is None:
-                    raise ValueError(f"sft.select_every needs a family with demonstrations; "
-                                     f"{suite} has none")
-                return found[1]
+            # never demonstrated, and never eval instances, so the held-out check stays clean;
+            # tokenised once, scored at every selection step
+            unseen = _correct_demo_samples(suite, learner.tokenizer, json.loads(options),
+                                           chat_format, tool_listing, "train",
+                                           cfg.sft.demonstrations, cfg.sft.select_instances)
+            if not unseen:
+                raise ValueError(f"sft.select_every needs a family with demonstrations; "
+                                 f"{suite} has none")
+            score = lambda: _demo_probability(learner, unseen)[1]  # noqa: E731
         result = run_sft(learner, demos, score=score)
         heldout = None
         if suite is not None:
-            heldout = _demo_probability(suite, learner, json.loads(options), chat_format,
-                                        tool_listing)
+            held = _correct_demo_samples(suite, learner.tokenizer, json.loads(options),
+                                         chat_format, tool_listing)
+            heldout = _demo_probability(learner, held) if held else None
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     finally:

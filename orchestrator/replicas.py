@@ -147,6 +147,7 @@ class ReplicaRouter:
         self._newest: tuple[str, int] | None = None   # (path, version) of the last update
         self._version = initial_version
         self._updates = anyio.Lock()                  # fan-outs and catch-ups, one at a time
+        self._wake: dict[int, anyio.Event] = {}       # replica index -> set when it goes down
 
     # ---- InferenceEngine -------------------------------------------------------------------
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -295,6 +296,8 @@ class ReplicaRouter:
             self._move(session, failure)
         for scope in list(replica.in_flight):
             scope.cancel()
+        if replica.index in self._wake:  # its supervisor restarts it now, not a probe later
+            self._wake[replica.index].set()
 
     def _why_down(self) -> str:
         return "; ".join(f"{r.name}: {r.down_reason}" for r in self.replicas if not r.up)
@@ -308,8 +311,12 @@ class ReplicaRouter:
             task_status.started()
 
     async def _supervise(self, replica: Replica) -> None:
+        wake = self._wake[replica.index] = anyio.Event()
         while True:
-            await anyio.sleep(self.health_interval_s)
+            with anyio.move_on_after(self.health_interval_s):
+                await wake.wait()
+            if wake.is_set():
+                wake = self._wake[replica.index] = anyio.Event()
             if replica.up:
                 if await self._probe(replica):
                     replica.probe_failures = 0

@@ -34,7 +34,7 @@ from stalewise.records import INT32, unpack
 from stalewise.store import schema as s
 
 pytestmark = pytest.mark.slow
-STEPS = 3
+STEPS = 5  # long enough that the job outlives the kill by a few seconds on a fast machine
 
 
 def replica_config(tmp_path, model):

@@ -256,6 +256,26 @@ async def test_a_restarted_replica_comes_back_at_the_newest_weights():
                                                "(did not answer /health 3 times in a row)")
 
 
+async def test_a_replica_found_dead_by_a_call_is_restarted_without_waiting_for_a_probe():
+    """A job can end seconds after a replica dies: its restart must not wait a probe interval."""
+    restarted = anyio.Event()
+
+    async def restart(index, newest):
+        restarted.set()
+        return FakeReplica("r0-restarted")
+
+    router, fakes = router_of(2, restart=restart, health_interval_s=3600.0)
+    await conversation(router, "a/0", turns=1)          # on r0
+    async with anyio.create_task_group() as tg:
+        await tg.start(router.run)
+        fakes[0].dead = True
+        await conversation(router, "a/0", turns=1)      # finds r0 dead, moves to r1
+        with anyio.fail_after(30):  # hang guard: with the bug it waits the hour-long interval
+            await restarted.wait()
+        tg.cancel_scope.cancel()
+    assert router.stats.restarts == 1
+
+
 async def test_an_external_replica_that_answers_again_is_taken_back_after_catching_up():
     router, fakes = router_of(2)
     fakes[1].dead = True

@@ -305,13 +305,20 @@ class ReplicaRouter:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Probe every replica, mark silent ones down, restart or take back down ones. Runs
         until cancelled (start it in the job's task group)."""
+        # the wake events exist before any supervisor runs: a replica marked down between
+        # started() and its supervisor's first step (trio runs new tasks later) is not missed,
+        # and one already down when the job starts is dealt with at once
+        for replica in self.replicas:
+            self._wake[replica.index] = anyio.Event()
+            if not replica.up:
+                self._wake[replica.index].set()
         async with anyio.create_task_group() as tg:
             for replica in self.replicas:
                 tg.start_soon(self._supervise, replica)
             task_status.started()
 
     async def _supervise(self, replica: Replica) -> None:
-        wake = self._wake[replica.index] = anyio.Event()
+        wake = self._wake[replica.index]
         while True:
             with anyio.move_on_after(self.health_interval_s):
                 await wake.wait()

@@ -256,8 +256,11 @@ async def test_a_restarted_replica_comes_back_at_the_newest_weights():
                                                "(did not answer /health 3 times in a row)")
 
 
-async def test_a_replica_found_dead_by_a_call_is_restarted_without_waiting_for_a_probe():
-    """A job can end seconds after a replica dies: its restart must not wait a probe interval."""
+@pytest.mark.parametrize("found", ["while supervised", "before the supervisors run"])
+async def test_a_replica_found_dead_by_a_call_is_restarted_without_waiting_for_a_probe(found):
+    """A job can end seconds after a replica dies: its restart must not wait a probe interval,
+    also when the call finds it dead before its supervisor's first step (trio may run the
+    supervisors after the caller's next call)."""
     restarted = anyio.Event()
 
     async def restart(index, newest):
@@ -266,10 +269,13 @@ async def test_a_replica_found_dead_by_a_call_is_restarted_without_waiting_for_a
 
     router, fakes = router_of(2, restart=restart, health_interval_s=3600.0)
     await conversation(router, "a/0", turns=1)          # on r0
+    fakes[0].dead = True
+    if found == "before the supervisors run":
+        await conversation(router, "a/0", turns=1)      # finds r0 dead, moves to r1
     async with anyio.create_task_group() as tg:
         await tg.start(router.run)
-        fakes[0].dead = True
-        await conversation(router, "a/0", turns=1)      # finds r0 dead, moves to r1
+        if found == "while supervised":
+            await conversation(router, "a/0", turns=1)
         with anyio.fail_after(30):  # hang guard: with the bug it waits the hour-long interval
             await restarted.wait()
         tg.cancel_scope.cancel()

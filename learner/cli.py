@@ -283,6 +283,7 @@ def sft_command(
             "stages": stages,
             **({"select_scores": result.scores, "kept_step": result.kept_step}
                if result.kept_step is not None else {}),
+            **({"try_best_scores": result.tries} if result.tries else {}),
             **({"heldout_instances": heldout[0], "heldout_demo_probability": heldout[1]}
                if heldout else {}),
         },
@@ -293,6 +294,12 @@ def sft_command(
             "of the correct demonstration): "
             + ", ".join(f"{step}: {value:.1%}" for step, value in result.scores.items())
             + f"; kept step {result.kept_step}")
+    if len(result.tries) > 1:
+        typer.echo(
+            f"sft restarts: the best score of each try in another shuffle order "
+            f"({', '.join(f'{value:.1%}' for value in result.tries)}); a try below "
+            f"restart_below = {cfg.sft.restart_below:.0%} starts another; kept the best "
+            "(its scores above)")
     if heldout:
         typer.echo(
             f"held-out check: a temperature-1 sample reproduces the correct demonstration of "

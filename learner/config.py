@@ -237,10 +237,23 @@ class SftConfig(_Strict):
         "one instead of the last (0 = keep the last); the family's own demonstrations only, not "
         "stages")
     select_instances: int = Field(64, ge=1, description="instances `select_every` scores on")
+    restart_below: float = Field(
+        0.0, ge=0.0, le=1.0, description="with select_every: when a try's best score stays below "
+        "this, train again from the same starting weights in another shuffle order (up to "
+        "`max_restarts` times) and keep the best try (0 = never)")
+    max_restarts: int = Field(2, ge=0, le=9, description="more tries `restart_below` may start")
     seed: int = 0
     stages: list[SftStage] = Field(
         default_factory=list,
         description="earlier stages on other task families, in order (`[[learner.sft.stages]]`)")
+
+    @model_validator(mode="after")
+    def _restart_needs_selection(self) -> SftConfig:
+        if self.restart_below > 0 and self.select_every == 0:
+            raise ValueError(
+                f"sft.restart_below = {self.restart_below} needs a score to compare with it: set "
+                "sft.select_every (for example 50) and select_instances, or restart_below = 0")
+        return self
 
     def for_stage(self, stage: SftStage) -> SftConfig:
         """This table with a stage's settings in place of its own."""

@@ -109,6 +109,67 @@ def test_checkpoint_selection_keeps_the_weights_of_the_best_scored_step(tiny):
     assert not all(torch.equal(kept[k], snapshots[10][k]) for k in kept)
 
 
+def _arith_demos(learner, count=8):
+    family = load_family("arith", {"max_ops": 2})
+    samples = demonstration_samples(family.demonstrations(count, seed=1),
+                                    make_chat_format(learner.tokenizer))
+    return [(s.token_ids, s.loss_mask) for s in samples]
+
+
+def test_a_try_that_stays_below_restart_below_is_run_again_in_another_order(tiny):
+    """`restart_below`: a try whose best score stays under it restarts from the weights the run
+    began with, shuffled differently; the best try's best step is kept, and the step count is
+    that of one try."""
+    learner = Learner(tiny, LearnerConfig())
+    demos = _arith_demos(learner)
+    start = {k: v.clone() for k, v in learner.policy.state_dict().items()}
+    tries = [0]  # the try being scored
+    snapshots: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+
+    def score() -> float:  # each try's step 2 beats its step 4; try 1 scores best
+        snapshots[(tries[0], learner.step)] = {k: v.clone() for k, v in
+                                               learner.policy.state_dict().items()}
+        value = {0: 0.1, 1: 0.2, 2: 0.15}[tries[0]] + 0.01 * (learner.step == 2)
+        tries[0] += learner.step == 4
+        return value
+
+    sft = SftConfig(steps=4, batch_size=4, micro_batch_size=2, lr=5e-3, select_every=2,
+                    restart_below=0.5, max_restarts=2)
+    result = run_sft(learner, demos, sft, score=score)
+    assert tries[0] == 3, "two restarts, each below 0.5"
+    assert result.tries == pytest.approx([0.11, 0.21, 0.16])
+    assert result.kept_step == 2 and result.scores == pytest.approx({2: 0.21, 4: 0.2})
+    assert learner.step == 4, "a restart replaces the try before it"
+    kept = learner.policy.state_dict()
+    assert all(torch.equal(kept[k], snapshots[(1, 2)][k]) for k in kept), "try 2, step 2"
+    # every try began at the starting weights, and the orders differ: the tries' first
+    # checkpoints differ from each other
+    assert not all(torch.equal(snapshots[(0, 2)][k], snapshots[(1, 2)][k]) for k in kept)
+    assert not all(torch.equal(start[k], snapshots[(0, 2)][k]) for k in kept)
+
+
+def test_a_first_try_above_restart_below_is_the_same_run_as_without_restarts(tiny):
+    runs = []
+    for restart_below in (0.0, 0.05):
+        learner = Learner(tiny, LearnerConfig())
+        sft = SftConfig(steps=4, batch_size=4, micro_batch_size=2, lr=5e-3, select_every=2,
+                        restart_below=restart_below, seed=3)
+        calls = []
+        result = run_sft(learner, _arith_demos(learner), sft,
+                         score=lambda: calls.append(1) or 0.1)
+        runs.append((result, len(calls), learner.policy.state_dict()))
+    (plain, plain_calls, plain_weights), (guarded, guarded_calls, guarded_weights) = runs
+    assert plain_calls == guarded_calls == 2, "one try each"
+    assert plain.tries == [] and guarded.tries == [0.1]
+    assert plain.step_losses == guarded.step_losses
+    assert all(torch.equal(plain_weights[k], guarded_weights[k]) for k in plain_weights)
+
+
+def test_restart_below_without_selection_is_refused_and_names_the_fix():
+    with pytest.raises(ValueError, match="set sft.select_every"):
+        SftConfig(restart_below=0.3)
+
+
 def test_without_a_score_the_run_keeps_its_last_weights(tiny):
     learner = Learner(tiny, LearnerConfig())
     family = load_family("arith", {"max_ops": 2})

@@ -152,6 +152,17 @@ def _run_stages(learner: object, cfg: LearnerConfig, chat_format: str,
     return done
 
 
+def _try_settings(sft: object) -> list[dict]:
+    """What each try of `run_sft` ran with: the [sft] table's schedule, then each retry's."""
+    first = {"steps": sft.steps, "lr": sft.lr, "lr_schedule": sft.lr_schedule,
+             "warmup_steps": sft.warmup_steps, "shuffle_seed": sft.seed}
+    return [first] + [{**first, **retry.model_dump(exclude_none=True)} for retry in sft.retries]
+
+
+def _describe(settings: dict) -> str:
+    return ", ".join(f"{key} {value}" for key, value in settings.items())
+
+
 @app.command("train")
 def train_command(
     model: Path = typer.Argument(..., help="HF checkpoint directory to start from"),
@@ -277,13 +288,15 @@ def sft_command(
         model,
         out,
         {
-            "sft_steps": cfg.sft.steps,
+            "sft_steps": _try_settings(cfg.sft)[result.kept_try or 0]["steps"],
             "loss_before": result.loss_before,
             "loss_after": result.loss_after,
             "stages": stages,
             **({"select_scores": result.scores, "kept_step": result.kept_step}
                if result.kept_step is not None else {}),
-            **({"try_best_scores": result.tries} if result.tries else {}),
+            **({"tries": [{"settings": settings, "scores": scores} for settings, scores in
+                          zip(_try_settings(cfg.sft), result.tries)],
+                "kept_try": result.kept_try} if result.tries else {}),
             **({"heldout_instances": heldout[0], "heldout_demo_probability": heldout[1]}
                if heldout else {}),
         },
@@ -296,10 +309,12 @@ def sft_command(
             + f"; kept step {result.kept_step}")
     if len(result.tries) > 1:
         typer.echo(
-            f"sft restarts: the best score of each try in another shuffle order "
-            f"({', '.join(f'{value:.1%}' for value in result.tries)}); a try below "
-            f"restart_below = {cfg.sft.restart_below:.0%} starts another; kept the best "
-            "(its scores above)")
+            f"sft retries (a try whose best score stays below restart_below = "
+            f"{cfg.sft.restart_below:.0%} starts the next): "
+            + "; ".join(f"try {number} ({_describe(settings)}) best {max(scores.values()):.1%}"
+                        for number, (settings, scores) in
+                        enumerate(zip(_try_settings(cfg.sft), result.tries)))
+            + f"; kept try {result.kept_try} (its scores above)")
     if heldout:
         typer.echo(
             f"held-out check: a temperature-1 sample reproduces the correct demonstration of "

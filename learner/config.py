@@ -215,6 +215,25 @@ class SftStage(_Strict):
     warmup_steps: int | None = Field(None, ge=0)
 
 
+class SftRetry(_Strict):
+    """The settings of a further SFT try (`restart_below`); unset fields keep the [sft] table's.
+    On a small model the same demonstrations can form a skill under one schedule and stall under
+    another (docs/tasks.md), so a retry changes the schedule or the order, not the data."""
+
+    steps: int | None = Field(None, ge=1)
+    lr: float | None = Field(None, gt=0.0)
+    lr_schedule: LrSchedule | None = None
+    warmup_steps: int | None = Field(None, ge=0)
+    shuffle_seed: int | None = Field(None, description="the demonstration order's seed")
+
+    @model_validator(mode="after")
+    def _changes_something(self) -> SftRetry:
+        if not self.model_dump(exclude_none=True):
+            raise ValueError("an sft retry with no settings repeats the first try: set steps, "
+                             "lr, lr_schedule, warmup_steps or shuffle_seed")
+        return self
+
+
 class SftConfig(_Strict):
     """Supervised fine-tuning: the job's warm start (`enabled`) on the task family's
     demonstrations, and `stalewise learner sft`."""
@@ -238,10 +257,12 @@ class SftConfig(_Strict):
         "stages")
     select_instances: int = Field(64, ge=1, description="instances `select_every` scores on")
     restart_below: float = Field(
-        0.0, ge=0.0, le=1.0, description="with select_every: when a try's best score stays below "
-        "this, train again from the same starting weights in another shuffle order (up to "
-        "`max_restarts` times) and keep the best try (0 = never)")
-    max_restarts: int = Field(2, ge=0, le=9, description="more tries `restart_below` may start")
+        0.0, ge=0.0, le=1.0, description="with select_every and retries: when a try's best score "
+        "stays below this, train again from the same starting weights with the next "
+        "`[[sft.retries]]` settings, and keep the best try (0 = never)")
+    retries: list[SftRetry] = Field(
+        default_factory=list, description="the settings of each further try `restart_below` "
+        "starts, in order (`[[learner.sft.retries]]`)")
     seed: int = 0
     stages: list[SftStage] = Field(
         default_factory=list,
@@ -253,7 +274,18 @@ class SftConfig(_Strict):
             raise ValueError(
                 f"sft.restart_below = {self.restart_below} needs a score to compare with it: set "
                 "sft.select_every (for example 50) and select_instances, or restart_below = 0")
+        if self.restart_below > 0 and not self.retries:
+            raise ValueError(
+                f"sft.restart_below = {self.restart_below} has no further try to start: add a "
+                "[[learner.sft.retries]] table (for example steps = 800), or restart_below = 0")
         return self
+
+    def for_retry(self, retry: SftRetry) -> SftConfig:
+        """This table with a retry's settings in place of its own (`shuffle_seed` as `seed`)."""
+        own = retry.model_dump(exclude={"shuffle_seed"}, exclude_none=True)
+        if retry.shuffle_seed is not None:
+            own["seed"] = retry.shuffle_seed
+        return self.model_copy(update={**own, "retries": []})
 
     def for_stage(self, stage: SftStage) -> SftConfig:
         """This table with a stage's settings in place of its own."""

@@ -12,11 +12,11 @@ the demonstrations do not cover), the checkpoint is scored every `select_every` 
 the end, and the best-scoring weights are kept: a warm start that has begun to fit its own
 demonstrations at the expense of new instances goes back to the step where it generalised best.
 
-With `SftConfig.restart_below` as well, a try whose best score stays below it is run again from
-the same starting weights in another shuffle order, up to `max_restarts` times, and the best try
-is kept. A tiny model learning a long task can settle in a plateau that another order of the
-same demonstrations escapes (docs/tasks.md shows one); the score reads train instances only, so
-the choice never looks at the eval split.
+With `SftConfig.restart_below` and `retries` as well, a try whose best score stays below it is
+followed by another from the same starting weights with the next retry's settings (another
+schedule length, lr or order), and the best try is kept. A tiny model learning a long task can
+settle in a plateau under one schedule that another escapes (docs/tasks.md shows one); the
+score reads train instances only, so the choice never looks at the eval split.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class SftResult:
     step_losses: list[float]
     scores: dict[int, float] = field(default_factory=dict)  # step -> score, when selecting
     kept_step: int | None = None  # the step whose weights were kept, when selecting
-    tries: list[float] = field(default_factory=list)  # each try's best score, with restarts
+    tries: list[dict[int, float]] = field(default_factory=list)  # each try's scores, retrying
+    kept_try: int | None = None  # index into `tries` of the try whose weights were kept
 
 
 def sft_loss(
@@ -148,8 +149,8 @@ def run_sft(
 ) -> SftResult:
     """Supervised warm start on (token_ids, loss_mask) pairs; with `score` and
     `sft.select_every`, the best-scoring of the checkpoints every `select_every` steps, and with
-    `sft.restart_below`, up to `sft.max_restarts` more tries in another order when a try's best
-    score stays below it (the best try is kept)."""
+    `sft.restart_below`, a further try with each of `sft.retries`' settings in turn while the
+    best score so far stays below it (the best try is kept)."""
     sft = sft or learner.cfg.sft
     selecting = score is not None and sft.select_every > 0
     samples = [demonstration(ids, mask, i) for i, (ids, mask) in enumerate(demonstrations)]
@@ -157,26 +158,26 @@ def run_sft(
         raise ValueError("run_sft: no demonstrations")
     before = sft_loss(learner, samples)
     retrying = selecting and sft.restart_below > 0
+    settings = [sft] + ([sft.for_retry(retry) for retry in sft.retries] if retrying else [])
     start = (learner.step, _weights(learner)) if retrying else None
-    best: _Try | None = None
-    tries: list[float] = []
-    for attempt in range(1 + (sft.max_restarts if retrying else 0)):
-        if attempt:
+    tries: list[_Try] = []
+    for number, cfg in enumerate(settings):
+        if number:
             assert start is not None
             learner.step = start[0]
             learner.policy.load_state_dict(start[1])
-        done = _one_try(learner, samples, sft, score if selecting else None,
-                        _shuffle_seed(sft.seed, attempt))
-        tries.append(done.best_score)
-        if best is None or done.best_score > best.best_score:
-            best = done
-        if not retrying or best.best_score >= sft.restart_below:
+        tries.append(_one_try(learner, samples, cfg, score if selecting else None))
+        if not retrying or max(t.best_score for t in tries) >= sft.restart_below:
             break
-    assert best is not None
+    kept = max(range(len(tries)), key=lambda i: tries[i].best_score)
+    best = tries[kept]
     if best.weights is not None:
         learner.policy.load_state_dict(best.weights)
+    if start is not None:
+        learner.step = start[0] + len(best.losses)
     return SftResult(before, sft_loss(learner, samples), best.losses, best.scores,
-                     best.kept_step, tries if retrying else [])
+                     best.kept_step, [t.scores for t in tries] if retrying else [],
+                     kept if retrying else None)
 
 
 @dataclass
@@ -195,19 +196,13 @@ def _weights(learner: Learner) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in learner.policy.state_dict().items()}
 
 
-def _shuffle_seed(seed: int, attempt: int) -> int:
-    """The first try shuffles with `seed` itself (so turning restarts on changes nothing for a
-    run that does not need one); later tries with seeds no other run's first try uses."""
-    return seed if attempt == 0 else seed + attempt * 1_000_000_007
-
-
 def _one_try(learner: Learner, samples: list[TrainingSample], sft: SftConfig,
-             score: Callable[[], float] | None, seed: int) -> _Try:
+             score: Callable[[], float] | None) -> _Try:
     optimizer = torch.optim.AdamW(
         learner.policy.parameters(), lr=sft.lr, weight_decay=sft.weight_decay
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, sft))
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(sft.seed)
     losses: list[float] = []
     order: list[int] = []
     scores: dict[int, float] = {}

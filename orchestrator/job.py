@@ -102,7 +102,8 @@ async def warm_start(job: JobConfig, model_dir: Path, run_dir: Path) -> Path:
     log.info("warm start done", **{key: round(done[key], 4) for key in
                                    ("loss_after", "heldout_demo_probability") if key in done},
              **({"kept_step": done["kept_step"]} if "kept_step" in done else {}),
-             **({"tries": len(done["try_best_scores"])} if "try_best_scores" in done else {}))
+             **({"tries": len(done["tries"]), "kept_try": done["kept_try"]}
+                if "tries" in done else {}))
     return out
 
 

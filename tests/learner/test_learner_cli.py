@@ -186,3 +186,22 @@ def test_sft_selection_scores_never_demonstrated_train_instances(workdir):
     assert done["select_scores"][str(done["kept_step"])] == best
     assert "of 64 eval instances" in next(
         line for line in out.splitlines() if line.startswith("held-out check"))
+
+
+def test_sft_retries_are_printed_and_recorded_with_their_settings(workdir):
+    """`restart_below` above any reachable score: every retry runs; stalewise.json records each
+    try's settings and scores, the kept try, and the kept try's step count."""
+    config = workdir / "retry.toml"
+    config.write_text('[sft]\nbatch_size = 2\nlr = 5e-3\nselect_every = 2\nselect_instances = 8\n'
+                      'restart_below = 1.0\n[[sft.retries]]\nsteps = 3\n')
+    out = _run("sft", str(workdir / "tiny"), "--out", str(workdir / "sft-retry"),
+               "--suite", "arith", "--count", "4", "--steps", "5", "--config", str(config))
+    done = json.loads((workdir / "sft-retry" / "stalewise.json").read_text())
+    assert [t["settings"]["steps"] for t in done["tries"]] == [5, 3]
+    assert [sorted(int(s) for s in t["scores"]) for t in done["tries"]] == [[2, 4, 5], [2, 3]]
+    kept = done["tries"][done["kept_try"]]
+    assert max(kept["scores"].values()) == max(max(t["scores"].values()) for t in done["tries"])
+    assert done["sft_steps"] == kept["settings"]["steps"]
+    line = next(line for line in out.splitlines() if line.startswith("sft retries"))
+    assert "try 1 (steps 3," in line and line.endswith(f"kept try {done['kept_try']} (its "
+                                                       "scores above)")

@@ -116,36 +116,50 @@ def _arith_demos(learner, count=8):
     return [(s.token_ids, s.loss_mask) for s in samples]
 
 
-def test_a_try_that_stays_below_restart_below_is_run_again_in_another_order(tiny):
-    """`restart_below`: a try whose best score stays under it restarts from the weights the run
-    began with, shuffled differently; the best try's best step is kept, and the step count is
-    that of one try."""
+def test_a_try_that_stays_below_restart_below_is_followed_by_the_next_retry(tiny):
+    """`restart_below`: while the best score so far stays under it, the next `retries` entry
+    runs from the weights the run began with, with its own settings; the best try's best step is
+    kept, and the step count is that of the kept try."""
     learner = Learner(tiny, LearnerConfig())
     demos = _arith_demos(learner)
     start = {k: v.clone() for k, v in learner.policy.state_dict().items()}
     tries = [0]  # the try being scored
     snapshots: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+    ends = {0: 4, 1: 6, 2: 4}  # the steps each try runs
 
-    def score() -> float:  # each try's step 2 beats its step 4; try 1 scores best
+    def score() -> float:  # each try's step 2 beats its others; try 1 scores best
         snapshots[(tries[0], learner.step)] = {k: v.clone() for k, v in
                                                learner.policy.state_dict().items()}
         value = {0: 0.1, 1: 0.2, 2: 0.15}[tries[0]] + 0.01 * (learner.step == 2)
-        tries[0] += learner.step == 4
+        tries[0] += learner.step == ends[tries[0]]
         return value
 
     sft = SftConfig(steps=4, batch_size=4, micro_batch_size=2, lr=5e-3, select_every=2,
-                    restart_below=0.5, max_restarts=2)
+                    restart_below=0.5, retries=[{"steps": 6}, {"shuffle_seed": 7}])
     result = run_sft(learner, demos, sft, score=score)
-    assert tries[0] == 3, "two restarts, each below 0.5"
-    assert result.tries == pytest.approx([0.11, 0.21, 0.16])
-    assert result.kept_step == 2 and result.scores == pytest.approx({2: 0.21, 4: 0.2})
-    assert learner.step == 4, "a restart replaces the try before it"
+    assert tries[0] == 3, "both retries ran, each best below 0.5"
+    assert result.tries == [pytest.approx({2: 0.11, 4: 0.1}),
+                            pytest.approx({2: 0.21, 4: 0.2, 6: 0.2}),
+                            pytest.approx({2: 0.16, 4: 0.15})]
+    assert result.kept_try == 1 and result.kept_step == 2
+    assert len(result.step_losses) == 6 and learner.step == 6, "the kept try's steps"
     kept = learner.policy.state_dict()
-    assert all(torch.equal(kept[k], snapshots[(1, 2)][k]) for k in kept), "try 2, step 2"
-    # every try began at the starting weights, and the orders differ: the tries' first
-    # checkpoints differ from each other
-    assert not all(torch.equal(snapshots[(0, 2)][k], snapshots[(1, 2)][k]) for k in kept)
+    assert all(torch.equal(kept[k], snapshots[(1, 2)][k]) for k in kept), "try 1, step 2"
+    # every try began at the starting weights: try 1 (same order, constant lr, only longer)
+    # is where try 0 was at step 2; try 2, in another order, is elsewhere
     assert not all(torch.equal(start[k], snapshots[(0, 2)][k]) for k in kept)
+    assert all(torch.equal(snapshots[(0, 2)][k], snapshots[(1, 2)][k]) for k in kept)
+    assert not all(torch.equal(snapshots[(0, 2)][k], snapshots[(2, 2)][k]) for k in kept)
+
+
+def test_retries_stop_once_a_try_reaches_restart_below(tiny):
+    learner = Learner(tiny, LearnerConfig())
+    scores = iter([0.1, 0.1, 0.6, 0.4])  # try 0: steps 2, 4; try 1: steps 2, 4
+
+    sft = SftConfig(steps=4, batch_size=4, micro_batch_size=2, lr=5e-3, select_every=2,
+                    restart_below=0.5, retries=[{"lr": 1e-3}, {"steps": 2}])
+    result = run_sft(learner, _arith_demos(learner), sft, score=lambda: next(scores))
+    assert len(result.tries) == 2 and result.kept_try == 1 and result.kept_step == 2
 
 
 def test_a_first_try_above_restart_below_is_the_same_run_as_without_restarts(tiny):
@@ -153,21 +167,25 @@ def test_a_first_try_above_restart_below_is_the_same_run_as_without_restarts(tin
     for restart_below in (0.0, 0.05):
         learner = Learner(tiny, LearnerConfig())
         sft = SftConfig(steps=4, batch_size=4, micro_batch_size=2, lr=5e-3, select_every=2,
-                        restart_below=restart_below, seed=3)
+                        restart_below=restart_below, retries=[{"steps": 8}], seed=3)
         calls = []
         result = run_sft(learner, _arith_demos(learner), sft,
                          score=lambda: calls.append(1) or 0.1)
         runs.append((result, len(calls), learner.policy.state_dict()))
     (plain, plain_calls, plain_weights), (guarded, guarded_calls, guarded_weights) = runs
     assert plain_calls == guarded_calls == 2, "one try each"
-    assert plain.tries == [] and guarded.tries == [0.1]
+    assert plain.tries == [] and guarded.tries == [{2: 0.1, 4: 0.1}]
     assert plain.step_losses == guarded.step_losses
     assert all(torch.equal(plain_weights[k], guarded_weights[k]) for k in plain_weights)
 
 
-def test_restart_below_without_selection_is_refused_and_names_the_fix():
+def test_restart_below_without_selection_or_retries_is_refused_and_names_the_fix():
     with pytest.raises(ValueError, match="set sft.select_every"):
-        SftConfig(restart_below=0.3)
+        SftConfig(restart_below=0.3, retries=[{"steps": 8}])
+    with pytest.raises(ValueError, match=r"add a \[\[learner.sft.retries\]\] table"):
+        SftConfig(restart_below=0.3, select_every=50)
+    with pytest.raises(ValueError, match="repeats the first try"):
+        SftConfig(restart_below=0.3, select_every=50, retries=[{}])
 
 
 def test_without_a_score_the_run_keeps_its_last_weights(tiny):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
-    from learner.config import LearnerConfig
+    from learner.config import LearnerConfig, SftConfig
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -32,7 +32,7 @@ def load_learner_config(path: Path | None, overrides: dict | None = None) -> Lea
     overrides (dotted keys; None leaves the file's value)."""
     from pydantic import ValidationError
 
-    from learner.config import LearnerConfig
+    from learner.config import LearnerConfig, SftConfig
     from stalewise.config_errors import problems_of
 
     data: dict = {}
@@ -152,11 +152,10 @@ def _run_stages(learner: object, cfg: LearnerConfig, chat_format: str,
     return done
 
 
-def _try_settings(sft: object) -> list[dict]:
-    """What each try of `run_sft` ran with: the [sft] table's schedule, then each retry's."""
-    first = {"steps": sft.steps, "lr": sft.lr, "lr_schedule": sft.lr_schedule,
-             "warmup_steps": sft.warmup_steps, "shuffle_seed": sft.seed}
-    return [first] + [{**first, **retry.model_dump(exclude_none=True)} for retry in sft.retries]
+def _try_settings(sft: SftConfig) -> list[dict]:
+    """What each try of `run_sft` may run with: the schedule and order of `sft.tries()`."""
+    return [{"steps": t.steps, "lr": t.lr, "lr_schedule": t.lr_schedule,
+             "warmup_steps": t.warmup_steps, "shuffle_seed": t.seed} for t in sft.tries()]
 
 
 def _describe(settings: dict) -> str:
@@ -273,6 +272,7 @@ def sft_command(
                                  f"{suite} has none")
             score = lambda: _demo_probability(learner, unseen)[1]  # noqa: E731
         result = run_sft(learner, demos, score=score)
+        tried = _try_settings(cfg.sft)
         heldout = None
         if suite is not None:
             held = _correct_demo_samples(suite, learner.tokenizer, json.loads(options),
@@ -288,14 +288,14 @@ def sft_command(
         model,
         out,
         {
-            "sft_steps": _try_settings(cfg.sft)[result.kept_try or 0]["steps"],
+            "sft_steps": tried[result.kept_try or 0]["steps"],
             "loss_before": result.loss_before,
             "loss_after": result.loss_after,
             "stages": stages,
             **({"select_scores": result.scores, "kept_step": result.kept_step}
                if result.kept_step is not None else {}),
             **({"tries": [{"settings": settings, "scores": scores} for settings, scores in
-                          zip(_try_settings(cfg.sft), result.tries)],
+                          zip(tried, result.tries)],
                 "kept_try": result.kept_try} if result.tries else {}),
             **({"heldout_instances": heldout[0], "heldout_demo_probability": heldout[1]}
                if heldout else {}),
@@ -313,7 +313,7 @@ def sft_command(
             f"{cfg.sft.restart_below:.0%} starts the next): "
             + "; ".join(f"try {number} ({_describe(settings)}) best {max(scores.values()):.1%}"
                         for number, (settings, scores) in
-                        enumerate(zip(_try_settings(cfg.sft), result.tries)))
+                        enumerate(zip(tried, result.tries)))
             + f"; kept try {result.kept_try} (its scores above)")
     if heldout:
         typer.echo(
@@ -379,7 +379,7 @@ def serve_command(
 ) -> None:
     """The learner process of a job: train on the run's admission log, publish versions."""
     _quiet_transformers()
-    from learner.config import LearnerConfig
+    from learner.config import LearnerConfig, SftConfig
     from learner.service import serve
 
     cfg = LearnerConfig.model_validate_json(config.read_text())

@@ -280,12 +280,16 @@ class SftConfig(_Strict):
                 "[[learner.sft.retries]] table (for example steps = 800), or restart_below = 0")
         return self
 
-    def for_retry(self, retry: SftRetry) -> SftConfig:
-        """This table with a retry's settings in place of its own (`shuffle_seed` as `seed`)."""
-        own = retry.model_dump(exclude={"shuffle_seed"}, exclude_none=True)
-        if retry.shuffle_seed is not None:
-            own["seed"] = retry.shuffle_seed
-        return self.model_copy(update={**own, "retries": []})
+    def tries(self) -> list[SftConfig]:
+        """The settings of every try `restart_below` may run: this table's, then each retry's
+        in its place (`shuffle_seed` as `seed`)."""
+        tries = [self]
+        for retry in self.retries:
+            own = retry.model_dump(exclude={"shuffle_seed"}, exclude_none=True)
+            if retry.shuffle_seed is not None:
+                own["seed"] = retry.shuffle_seed
+            tries.append(self.model_copy(update={**own, "retries": []}))
+        return tries
 
     def for_stage(self, stage: SftStage) -> SftConfig:
         """This table with a stage's settings in place of its own."""

@@ -158,7 +158,7 @@ def run_sft(
         raise ValueError("run_sft: no demonstrations")
     before = sft_loss(learner, samples)
     retrying = selecting and sft.restart_below > 0
-    settings = [sft] + ([sft.for_retry(retry) for retry in sft.retries] if retrying else [])
+    settings = sft.tries() if retrying else [sft]
     start = (learner.step, _weights(learner)) if retrying else None
     tries: list[_Try] = []
     for number, cfg in enumerate(settings):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.checkpoint import assign_state_dict, load_model, read_state_dict
-from engine.forward import RowForward
+from engine.forward import HEAD_ROWS, RowForward
 
 EXACT = 1e-6  # same products as HF's forward: float32-identical in practice
 
@@ -146,11 +146,12 @@ def test_each_architecture_matches_the_hf_forward(tmp_path, family):
 
 def test_prefill_many_equals_one_prefill_per_row(model_v0):
     """Several rows (fresh, and one continuing a cached prefix) in one forward: the same logits
-    and KV as prefilling each row on its own (chunks of >= 4 tokens; a shorter one alone takes
-    the BLAS's small-matrix kernels, so it is compared with HF's forward within 1e-4)."""
+    and KV as prefilling each row on its own (chunks of >= HEAD_ROWS tokens: a shorter one alone
+    takes the BLAS's small-matrix kernels, so it is compared with HF's forward within 1e-4)."""
     model = load_model(model_v0)
     together, alone = RowForward(model, rows=3), RowForward(model, rows=3)
-    a, b, c = list(range(10, 40)), list(range(50, 60)), list(range(60, 62))
+    a, b, c = list(range(10, 40)), list(range(50, 74)), list(range(80, 82))
+    assert min(len(a), len(b[4:])) >= HEAD_ROWS
     for forward in (together, alone):
         forward.prefill(1, b[:4], 0)
     logits = together.prefill_many([(0, a, 0), (1, b[4:], 4), (2, c, 0)])

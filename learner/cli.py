@@ -234,7 +234,7 @@ def sft_command(
     """Supervised warm start (cross-entropy on the demonstrations' loss tokens)."""
     _quiet_transformers()
     from learner.metrics import make_sinks
-    from learner.publish import write_checkpoint
+    from learner.publish import machine_numerics, write_checkpoint
     from learner.sft import run_sft
     from learner.synthetic import tool_call_demonstrations
     from learner.trainer import Learner
@@ -292,6 +292,7 @@ def sft_command(
             "loss_before": result.loss_before,
             "loss_after": result.loss_after,
             "stages": stages,
+            "numerics": machine_numerics(),
             **({"select_scores": result.scores, "kept_step": result.kept_step}
                if result.kept_step is not None else {}),
             **({"tries": [{"settings": settings, "scores": scores} for settings, scores in

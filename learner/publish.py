@@ -59,6 +59,24 @@ def tokenizer_files(directory: str | Path) -> list[Path]:
     )
 
 
+def machine_numerics() -> dict[str, Any]:
+    """What decides how this process rounds float32: torch's version, the CPU kernels it
+    dispatches to (AVX2, AVX512, ...), its thread count and the CPU. Two machines that differ in
+    any of them can take another SFT path from the same seed (docs/pipeline.md has one), so
+    a checkpoint records them next to its figures."""
+    import platform
+
+    import torch
+
+    cpu = platform.processor()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                    if line.startswith("model name")), cpu)
+    return {"torch": torch.__version__, "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
+            "torch_threads": torch.get_num_threads(), "cpu": cpu or "unknown"}
+
+
 def write_checkpoint(
     model: Any,
     tokenizer_dir: str | Path | None,

@@ -107,6 +107,14 @@ async def warm_start(job: JobConfig, model_dir: Path, run_dir: Path) -> Path:
     return out
 
 
+def warm_start_facts(sft_dir: Path) -> dict:
+    """What `learner sft` measured and the machine it ran on (flat, for the report)."""
+    done = json.loads((sft_dir / "stalewise.json").read_text())
+    facts = {key: done[key] for key in ("sft_steps", "loss_after", "kept_step", "kept_try",
+                                        "heldout_demo_probability") if key in done}
+    return {**facts, **done.get("numerics", {})}
+
+
 def learner_argv(job: JobConfig, run_id: str, model_dir: Path, run_dir: Path) -> list[str]:
     return ["-m", "learner", "serve", "--db", job.run.db_url, "--run", run_id,
             "--config", str(write_child_config(run_dir, "learner", job.learner)),
@@ -374,6 +382,8 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
     }
     if pools.hosts is not None:
         summary["sandbox_hosts"] = pools.hosts.summary()
+    if (run_dir / "sft" / "stalewise.json").is_file():
+        summary["warm_start"] = warm_start_facts(run_dir / "sft")
     by_label = {r.label: (round(r.success_rate * r.instances), r.instances) for r in results}
     if {"before", "after"} <= set(by_label) and by_label["before"][1] > 0:
         summary["held_out_95"] = held_out_gain(by_label["before"], by_label["after"])
@@ -407,6 +417,15 @@ def print_summary(summary: dict, results: list[EvalResult], job: JobConfig) -> N
                      f"before RL in this run: tasks.eval_before = false)")
         lines.append(f"  infrastructure errors in the evaluation (counted as failures): "
                      f"{after.infra_errors}")
+    if "warm_start" in summary:
+        warm = summary["warm_start"]
+        check = warm.get("heldout_demo_probability")
+        lines.append(f"  warm start: {warm.get('sft_steps')} SFT steps"
+                     + (f", kept step {warm['kept_step']}" if "kept_step" in warm else "")
+                     + (f", held-out check {100 * check:.1f}%" if check is not None else "")
+                     + f"; torch {warm.get('torch', '?')}, {warm.get('cpu_kernels', '?')} "
+                     f"kernels, {warm.get('torch_threads', '?')} threads (the SFT path depends "
+                     "on them)")
     dynamics = summary["rollout_dynamics"]
     lines.append(f"  rollouts: {dynamics['multi_version_fraction']} of trajectories span >1 "
                  f"weights version, KV lag mean {dynamics['mean_kv_lag']} max "

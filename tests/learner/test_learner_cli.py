@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from engine.tiny import init_tiny
@@ -126,6 +127,11 @@ def test_sft_stages_run_first_on_their_own_family_and_settings(workdir):
     done = json.loads((workdir / "sft-staged" / "stalewise.json").read_text())
     assert [(s["family"], s["steps"]) for s in done["stages"]] == [("arith", 3)]
     assert done["sft_steps"] == 2
+    # the machine facts the SFT path depends on, recorded next to its figures
+    assert done["numerics"]["torch"] == torch.__version__
+    assert done["numerics"]["cpu_kernels"] == torch.backends.cpu.get_cpu_capability()
+    assert done["numerics"]["torch_threads"] == torch.get_num_threads() >= 1
+    assert done["numerics"]["cpu"]
 
 
 def test_a_bad_sft_stage_names_the_stage(workdir):

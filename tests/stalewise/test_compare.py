@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from stalewise.cli import app
@@ -70,6 +71,12 @@ def test_compare_two_tiny_jobs(tmp_path):
     assert (made / "config.json").exists() and "warm_start_from" not in rows[0]
     assert rows[1]["warm_start_from"] == "sync-s3"
     assert not (out / "runs" / rows[1]["run_id"] / "sft").exists()
+    # the run's report names the warm start and the machine numerics it depends on
+    report = json.loads((out / "runs" / rows[0]["run_id"] / "report.json").read_text())
+    warm = report["summary"]["warm_start"]
+    assert warm["sft_steps"] == 2 and warm["cpu_kernels"] == torch.backends.cpu.get_cpu_capability()
+    assert "warm_start" not in json.loads(
+        (out / "runs" / rows[1]["run_id"] / "report.json").read_text())["summary"]
     store = Store.open(f"sqlite:///{out / 'compare.db'}")
     second = store.run(rows[1]["run_id"]).config
     store.close()

@@ -32,7 +32,7 @@ def load_learner_config(path: Path | None, overrides: dict | None = None) -> Lea
     overrides (dotted keys; None leaves the file's value)."""
     from pydantic import ValidationError
 
-    from learner.config import LearnerConfig, SftConfig
+    from learner.config import LearnerConfig
     from stalewise.config_errors import problems_of
 
     data: dict = {}
@@ -380,7 +380,7 @@ def serve_command(
 ) -> None:
     """The learner process of a job: train on the run's admission log, publish versions."""
     _quiet_transformers()
-    from learner.config import LearnerConfig, SftConfig
+    from learner.config import LearnerConfig
     from learner.service import serve
 
     cfg = LearnerConfig.model_validate_json(config.read_text())

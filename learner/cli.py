@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from learner.config import LearnerConfig, SftConfig
 
 app = typer.Typer(no_args_is_help=True)
@@ -259,7 +261,7 @@ def sft_command(
                                           tool_listing=tool_listing)
         else:
             demos = tool_call_demonstrations(learner.tokenizer, synthetic, seed=cfg.sft.seed)
-        score = None
+        score: Callable[[], float] | None = None
         if suite is not None and cfg.sft.select_every > 0:
             # train instances after the demonstrated ones (demonstrations take train 0..N-1):
             # never demonstrated, and never eval instances, so the held-out check stays clean;
@@ -270,7 +272,14 @@ def sft_command(
             if not unseen:
                 raise ValueError(f"sft.select_every needs a family with demonstrations; "
                                  f"{suite} has none")
-            score = lambda: _demo_probability(learner, unseen)[1]  # noqa: E731
+
+            def score() -> float:  # printed as it goes: a long SFT shows whether the skill forms
+                value = _demo_probability(learner, unseen)[1]
+                typer.echo(f"step {learner.step} [select] mean probability of the correct "
+                           f"demonstration on {len(unseen)} never-demonstrated train "
+                           f"instances: {value:.1%}")
+                return value
+
         result = run_sft(learner, demos, score=score)
         tried = _try_settings(cfg.sft)
         heldout = None

@@ -190,6 +190,9 @@ def test_sft_selection_scores_never_demonstrated_train_instances(workdir):
     assert done["kept_step"] in (2, 4, 5) and line.endswith(f"kept step {done['kept_step']}")
     best = max(done["select_scores"].values())
     assert done["select_scores"][str(done["kept_step"])] == best
+    as_it_went = [line for line in out.splitlines() if "[select]" in line]
+    assert [line.split()[1] for line in as_it_went] == ["2", "4", "5"]
+    assert as_it_went[-1].endswith(f"{done['select_scores']['5']:.1%}")
     assert "of 64 eval instances" in next(
         line for line in out.splitlines() if line.startswith("held-out check"))
 

@@ -273,11 +273,13 @@ def sft_command(
                 raise ValueError(f"sft.select_every needs a family with demonstrations; "
                                  f"{suite} has none")
 
+            first = learner.step  # after the stages; select_scores count from here
+
             def score() -> float:  # printed as it goes: a long SFT shows whether the skill forms
                 value = _demo_probability(learner, unseen)[1]
-                typer.echo(f"step {learner.step} [select] mean probability of the correct "
-                           f"demonstration on {len(unseen)} never-demonstrated train "
-                           f"instances: {value:.1%}")
+                typer.echo(f"step {learner.step} [select] {suite} step {learner.step - first}: "
+                           f"mean probability of the correct demonstration on {len(unseen)} "
+                           f"never-demonstrated train instances: {value:.1%}")
                 return value
 
         result = run_sft(learner, demos, score=score)

@@ -25,6 +25,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import subprocess
@@ -37,6 +38,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from learner.batch import TrainingSample
 from stalewise.children import child_env, death_signal_hook
@@ -140,24 +142,29 @@ def log_line(text: str, flush: bool = True) -> None:
         sys.stdout.flush()
 
 
-def exit_when_a_peer_dies(peers: Sequence[subprocess.Popen], log=log_line) -> None:
+def exit_when_a_peer_dies(peers: Sequence[subprocess.Popen], log=log_line) -> threading.Event:
     """Rank 0 exits (code 1) as soon as a peer it started exits on its own: its collectives
-    would otherwise wait for the dead peer until the timeout."""
+    would otherwise wait for the dead peer until the timeout. Set the returned event before
+    the peers' orderly exit at the end of the run, or their code 0 would read as a death."""
+    finished = threading.Event()
+
     def watch() -> None:
-        while True:
+        while not finished.is_set():
             for peer in peers:
                 code = peer.poll()
-                if code is not None:
+                if code is not None and not finished.is_set():
                     log(f'{{"event": "learner worker {peer.pid} exited with code {code}"}}',
                         flush=True)
                     os._exit(1)
-            threading.Event().wait(0.5)
+            finished.wait(0.5)
 
     threading.Thread(target=watch, name="learner-peers", daemon=True).start()
+    return finished
 
 
 def init_process_group(workers: Workers, device: str) -> str:
-    """Join the process group; returns the device this rank trains on."""
+    """Join the process group; returns the device this rank trains on. End with
+    `leave_process_group` once every `Learner` of this process is closed."""
     cuda = device.startswith("cuda")
     if cuda and device == "cuda":
         device = f"cuda:{workers.local_rank}"
@@ -166,6 +173,30 @@ def init_process_group(workers: Workers, device: str) -> str:
     dist.init_process_group("nccl" if cuda else "gloo", rank=workers.rank,
                             world_size=workers.world_size, timeout=COLLECTIVE_TIMEOUT)
     return device
+
+
+def live_ddp_wrappers() -> int:
+    """How many `DistributedDataParallel` wrappers this process still holds (after a collection)."""
+    gc.collect()
+    return sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
+
+
+def leave_process_group() -> None:
+    """The orderly end of a rank: every rank arrives (so none tears its side down while another
+    still talks to it), then the group is destroyed while the interpreter is whole.
+
+    Call it only after `Learner.close()`: a DDP wrapper holds the group's backend, so with one
+    alive `destroy_process_group` only unregisters the group, and the backend (gloo's worker
+    threads and their pending work) is torn down later, during interpreter finalisation, where
+    it can abort the process (SIGABRT, "terminate called without an active exception") after
+    a successful run. Raises `RuntimeError`, before any collective, if a wrapper is alive.
+    After a failure, skip this: the other ranks may never reach the barrier."""
+    alive = live_ddp_wrappers()
+    if alive:
+        raise RuntimeError(f"leave_process_group: {alive} DistributedDataParallel wrapper(s) "
+                           "still alive; close every Learner (Learner.close()) first")
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def _group_key(sample: TrainingSample) -> object:

@@ -20,6 +20,8 @@ import json
 import os
 import shutil
 import subprocess
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -31,6 +33,7 @@ from learner.distributed import (
     exit_when_a_peer_dies,
     init_process_group,
     launch_peers,
+    leave_process_group,
     log_line,
     workers_from_env,
 )
@@ -42,6 +45,7 @@ from stalewise.store.store import Store
 
 OPTIMIZER_FILE = "optimizer.pt"
 PEER_EXIT_S = 120.0
+DEATH_REAP_S = 5.0
 
 
 class StoreSink:
@@ -121,19 +125,43 @@ def _fingerprint(optimizer: torch.optim.Optimizer) -> float:
     return total
 
 
+@dataclass
+class _Peers:
+    """The ranks this process started (rank 0 of a local job) and the watch over them."""
+
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    watch: threading.Event | None = None
+
+    def name_the_dead(self, log) -> None:
+        """After a failed collective: say which peer died (the watch may not have seen it yet;
+        a peer whose socket closed is reaped within moments)."""
+        for peer in self.processes:
+            try:
+                code = peer.wait(DEATH_REAP_S)
+            except subprocess.TimeoutExpired:
+                continue
+            log(f'{{"event": "learner worker {peer.pid} exited with code {code}"}}', flush=True)
+
+    def wait_for_orderly_exit(self) -> None:
+        if self.watch is not None:  # their exit now is the end of the run, not a death
+            self.watch.set()
+        for peer in self.processes:  # they finished the same last step
+            peer.wait(PEER_EXIT_S)
+
+
 def _join_workers(cfg: LearnerConfig, argv: list[str] | None, log
-                  ) -> tuple[Workers, str, list[subprocess.Popen]]:
+                  ) -> tuple[Workers, str, _Peers]:
     """This process's place among the data-parallel workers (learner.distributed), its device
     and the peers it started: with `workers` > 1 and no launcher environment, it starts them."""
     if cfg.workers == 1:
-        return SINGLE, cfg.device, []
-    workers, peers = workers_from_env(cfg.workers), []
+        return SINGLE, cfg.device, _Peers()
+    workers, peers = workers_from_env(cfg.workers), _Peers()
     if workers is None:
         if argv is None:
             raise ValueError("learner serve: workers > 1 needs the command line to start the "
                              "other workers with, or RANK/WORLD_SIZE/MASTER_* from a launcher")
-        workers, peers = launch_peers(argv, cfg.workers)
-        exit_when_a_peer_dies(peers, log)
+        workers, processes = launch_peers(argv, cfg.workers)
+        peers = _Peers(processes, exit_when_a_peer_dies(processes, log))
     return workers, init_process_group(workers, cfg.device), peers
 
 
@@ -187,13 +215,17 @@ def serve(*, db_url: str, run_id: str, cfg: LearnerConfig, model_dir: Path, publ
         if report.published_version is not None:  # its row is in the store: older may go
             prune_versions(publish_root, report.published_version, cfg.keep_checkpoints)
 
-    learner.run(source, until_step=steps, train_partial_last_batch=False, poll_s=poll_s,
-                on_report=prune if workers.is_main else None,
-                log=lambda event: log(json.dumps({"event": event}), flush=True))
+    try:
+        learner.run(source, until_step=steps, train_partial_last_batch=False, poll_s=poll_s,
+                    on_report=prune if workers.is_main else None,
+                    log=lambda event: log(json.dumps({"event": event}), flush=True))
+    except Exception:
+        peers.name_the_dead(log)  # a peer's death often surfaces first as a gloo error here
+        raise
     if store is not None:
         store.close()
+    learner.close()
     if workers.parallel:
-        torch.distributed.destroy_process_group()
-    for peer in peers:  # they finished the same last step
-        peer.wait(PEER_EXIT_S)
+        leave_process_group()
+    peers.wait_for_orderly_exit()
     return 0

@@ -141,7 +141,8 @@ class Denominators:
 
 
 class Learner:
-    """Owns the policy, its optimizer, the optional critic and reference model."""
+    """Owns the policy, its optimizer, the optional critic and reference model. With several
+    workers, `close()` it before the process group is left."""
 
     def __init__(
         self,
@@ -203,6 +204,14 @@ class Learner:
             module, device_ids=[self.device] if cuda else None, broadcast_buffers=False)
         wrapped.register_comm_hook(None, _sum_gradients)
         return wrapped
+
+    def close(self) -> None:
+        """Let go of the DDP wrappers, which hold the process group's backend: a data-parallel
+        rank calls this before `learner.distributed.leave_process_group`, after its last step
+        (a closed data-parallel learner would no longer sum gradients over the ranks).
+        Idempotent."""
+        self.train_policy = self.policy
+        self.train_critic = self.critic
 
     # ------------------------------------------------------------------ the batch loop
     def run(

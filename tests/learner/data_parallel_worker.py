@@ -4,6 +4,7 @@ Run as `python data_parallel_worker.py MODEL_DIR CASES_PICKLE OUT_DIR` with RANK
 MASTER_ADDR and MASTER_PORT set. For every case (a learner config and a batch) it builds a
 `Learner` on this rank, runs one RL step on the whole batch (the learner takes this rank's
 share) and saves the policy gradient left after the step, the parameters and the step's report.
+It ends as a data-parallel learner must: each learner closed, then `leave_process_group`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 
 from learner.config import LearnerConfig
-from learner.distributed import init_process_group, workers_from_env
+from learner.distributed import init_process_group, leave_process_group, workers_from_env
 from learner.trainer import Learner
 
 
@@ -39,7 +40,8 @@ def main(model_dir: str, cases_path: str, out_dir: str) -> None:
         torch.save({"gradients": gradients, "parameters": parameters,
                     "report": report.to_json()},
                    Path(out_dir) / f"{case['name']}-rank{workers.rank}.pt")
-    torch.distributed.destroy_process_group()
+        learner.close()
+    leave_process_group()
 
 
 if __name__ == "__main__":

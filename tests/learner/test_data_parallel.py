@@ -225,3 +225,26 @@ def test_ranks_sharing_one_log_file_write_whole_lines(tmp_path):
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert sorted((line["rank"], line["i"]) for line in lines) == sorted(
         (rank, i) for rank in ("0", "1") for i in range(3000))
+
+
+@pytest.mark.slow
+def test_leaving_the_group_refuses_while_a_ddp_wrapper_is_alive(tiny, tmp_path):
+    """`leave_process_group` is the orderly end of a rank (learner.distributed): with a
+    `Learner` not yet closed it raises before any collective, naming the fix; after `close()`
+    it leaves, and the process exits 0 (a wrapper alive at exit can abort it, SIGABRT)."""
+    script = (
+        "import sys\nfrom learner.config import LearnerConfig\n"
+        "from learner.distributed import init_process_group, leave_process_group, Workers\n"
+        "from learner.trainer import Learner\n"
+        "workers = Workers(rank=0, world_size=1)\n"
+        "init_process_group(workers, 'cpu')\n"
+        "learner = Learner(sys.argv[1], LearnerConfig(), workers=Workers(rank=0, world_size=2))\n"
+        "try:\n    leave_process_group()\nexcept RuntimeError as exc:\n    print('refused:', exc)\n"
+        "learner.close()\nleave_process_group()\nprint('left')\n")
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    done = subprocess.run([sys.executable, "-P", "-c", script, str(tiny)], env=child_env(env),
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "refused: leave_process_group: 1 DistributedDataParallel wrapper(s) still alive; " \
+           "close every Learner" in done.stdout
+    assert done.stdout.rstrip().endswith("left")

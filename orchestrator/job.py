@@ -323,7 +323,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
             local=engine_proc if isinstance(engine_proc, (LocalReplicas, RayEngines)) else None))
         await client.wait_ready(job.engine.startup_timeout_s)
         writer = StoreWriter(store)
-        pools = PoolSet(job.sandbox, run_id, is_run_finished=store.run_is_finished)
+        pools = PoolSet(job.sandbox, run_id)
         pipeline = Pipeline(run_id=run_id, cfg=job, store=store, writer=writer, engine=client,
                             weights=client, family=family, chat_format=chat_format,
                             acquire=pools.acquire, engine_version=version,

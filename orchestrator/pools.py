@@ -27,12 +27,10 @@ def _key(spec: SandboxSpec) -> str:
 
 
 class PoolSet:
-    def __init__(self, cfg: SandboxConfig, run_id: str, *, is_run_finished=None) -> None:
+    def __init__(self, cfg: SandboxConfig, run_id: str) -> None:
         self.cfg = cfg
         self.run_id = run_id
-        self.is_run_finished = is_run_finished
-        self.hosts = (HostSet(cfg.hosts, is_run_finished=is_run_finished)
-                      if cfg.hosts and cfg.backend == "docker" else None)
+        self.hosts = HostSet(cfg.hosts) if cfg.hosts and cfg.backend == "docker" else None
         self._pools: dict[str, SandboxPool] = {}
         self._opening: dict[str, anyio.Event] = {}
         self._send, self._receive = anyio.create_memory_object_stream[tuple[str, SandboxSpec]](64)
@@ -46,7 +44,7 @@ class PoolSet:
                 pool = open_pool(spec.model_copy(update={"files": {}}), backend=self.cfg.backend,
                                  run_id=self.run_id, size=self.cfg.pool_size,
                                  max_live=self.cfg.max_live, reuse=self.cfg.reuse,
-                                 is_run_finished=self.is_run_finished, hosts=self.hosts)
+                                 hosts=self.hosts)
                 self._pools[key] = await stack.enter_async_context(pool)
                 self._opening.pop(key).set()
 

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Literal
 
 from sandboxes.api import Sandbox, SandboxError, SandboxSpec
 from sandboxes.hosts import HostSet
-from sandboxes.labels import RunFinished
 from sandboxes.pool import SandboxPool
 
 if TYPE_CHECKING:
@@ -68,7 +67,7 @@ def make_sandbox(spec: SandboxSpec | None = None, *, backend: Backend = "docker"
 
 def open_pool(spec: SandboxSpec | None = None, *, backend: Backend = "docker",
               run_id: str = "adhoc", size: int = 4, max_live: int = 16,
-              reuse: bool = False, is_run_finished: RunFinished | None = None,
+              reuse: bool = False,
               runtime: str | None = None, start_concurrency: int = 4,
               hosts: HostSet | None = None) -> SandboxPool:
     """A pool for `spec`; enter it with `async with`. Orphans are removed when it opens."""
@@ -92,8 +91,8 @@ def open_pool(spec: SandboxSpec | None = None, *, backend: Backend = "docker",
         from sandboxes.cleanup import remove_orphans_async
 
         async def remove_orphans() -> None:
-            for removal in await remove_orphans_async(client, is_run_finished=is_run_finished):
-                log.info("removed orphan sandbox %s: %s", removal.name, removal.reason)
+            for removal in await remove_orphans_async(client):
+                log.warning("removed orphan sandbox %s: %s", removal.name, removal.reason)
 
         on_start = remove_orphans
 

@@ -1,8 +1,8 @@
 """Removing stalewise containers: orphans on start, and by run or wholesale on request.
 
 Guarantees: only containers labelled with this installation's id are ever touched; an orphan is
-removed only for a reason given by `labels.orphan_reason` (owner provably dead, run finished,
-TTL passed), and each removal is returned with that reason. Removal failures of single
+removed only for a reason given by `labels.orphan_reason` (owner provably dead, or TTL
+passed), and each removal is returned with that reason. Removal failures of single
 containers are reported in the result, not raised, so one stuck container does not stop the rest.
 """
 
@@ -56,16 +56,14 @@ def _remove(client: "docker.DockerClient", record: dict, reason: str) -> Removal
 
 
 def remove_orphans(client: "docker.DockerClient | None" = None, *,
-                   is_run_finished: lab.RunFinished | None = None,
                    installation: str | None = None) -> list[Removal]:
-    """Remove this installation's containers whose owner is gone, run finished, or TTL passed."""
+    """Remove this installation's containers whose owner is gone or whose TTL has passed."""
     client = client or connect()
     me = lab.Owner.current()
     now = time.time()
     removed = []
     for record in list_containers(client, installation=installation):
-        reason = lab.orphan_reason(record.get("Labels") or {}, me=me, now=now,
-                                   is_run_finished=is_run_finished)
+        reason = lab.orphan_reason(record.get("Labels") or {}, me=me, now=now)
         if reason is None and record.get("State") not in ("running", "created", "restarting"):
             reason = f"container is {record.get('State')}"
         if reason is not None:
@@ -82,8 +80,6 @@ def remove_all(client: "docker.DockerClient | None" = None, *, run_id: str | Non
             for record in list_containers(client, installation=installation, run_id=run_id)]
 
 
-async def remove_orphans_async(client: "docker.DockerClient | None" = None, *,
-                               is_run_finished: lab.RunFinished | None = None) -> list[Removal]:
+async def remove_orphans_async(client: "docker.DockerClient | None" = None) -> list[Removal]:
     """`remove_orphans` off the event loop (for `SandboxPool(on_start=...)`)."""
-    return await anyio.to_thread.run_sync(
-        lambda: remove_orphans(client, is_run_finished=is_run_finished))
+    return await anyio.to_thread.run_sync(lambda: remove_orphans(client))

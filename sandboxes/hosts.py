@@ -42,7 +42,6 @@ import anyio
 
 from sandboxes.api import HostUnreachable, SandboxError, SandboxSpec
 from sandboxes.host_config import DockerHostConfig
-from sandboxes.labels import RunFinished
 
 if TYPE_CHECKING:
     import docker
@@ -142,14 +141,12 @@ class DockerHost:
 
 
 class HostSet:
-    def __init__(self, hosts: Sequence[DockerHostConfig], *,
-                 is_run_finished: RunFinished | None = None, max_backoff_s: float = 30.0,
+    def __init__(self, hosts: Sequence[DockerHostConfig], *, max_backoff_s: float = 30.0,
                  base_backoff_s: float = 1.0, connect_timeout_s: float = 60.0) -> None:
         if not hosts:
             raise ValueError("HostSet needs at least one Docker host")
         self.hosts = [DockerHost(h.url, h.capacity, SshForward(h.url) if h.url.startswith(
             "ssh://") else None) for h in hosts]
-        self.is_run_finished = is_run_finished
         self.max_backoff_s = max_backoff_s
         self.base_backoff_s = base_backoff_s
         self.connect_timeout_s = connect_timeout_s
@@ -267,7 +264,7 @@ class HostSet:
         url = host.forward.open(self.connect_timeout_s) if host.forward else host.url
         client = connect(url=url, timeout_s=self.connect_timeout_s)
         if host.down:  # it may have kept containers of ours while it was away
-            _log_removals(host, remove_orphans(client, is_run_finished=self.is_run_finished))
+            _log_removals(host, remove_orphans(client))
         return client
 
     def mark_down(self, host: DockerHost, error: BaseException | str) -> None:
@@ -305,7 +302,7 @@ class HostSet:
     def _orphans_of(self, client: "docker.DockerClient") -> list:
         from sandboxes.cleanup import remove_orphans
 
-        return remove_orphans(client, is_run_finished=self.is_run_finished)
+        return remove_orphans(client)
 
     # ---- images ------------------------------------------------------------------------------
     async def ensure_image(self, host: DockerHost, spec: SandboxSpec) -> None:
@@ -401,4 +398,4 @@ def copy_image(source: "docker.DockerClient", target: "docker.DockerClient", ima
 
 def _log_removals(host: DockerHost, removals: list) -> None:
     for removal in removals:
-        log.info("removed orphan sandbox %s on %s: %s", removal.name, host.url, removal.reason)
+        log.warning("removed orphan sandbox %s on %s: %s", removal.name, host.url, removal.reason)

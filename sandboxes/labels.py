@@ -2,9 +2,11 @@
 
 Every container stalewise starts carries the labels below. A container is an orphan when its
 owner process is provably gone (same host and boot, and the pid is dead or now belongs to a
-process with a different start time), when its run is finished (an injected callable decides,
-since runs live in the SQL store), or when its hard TTL has passed. Containers of another
-installation are never touched.
+process with a different start time) or when its hard TTL has passed. Nothing else makes one:
+in particular not its run's state in some database, since the jobs of one installation may
+each have a store of their own (another `db_url`, `stalewise tasks check`, ad-hoc sandboxes),
+and a store that never saw a run cannot say it is over. Containers of another installation are
+never touched.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 PREFIX = "org.stalewise."
 INSTALLATION = PREFIX + "installation"
@@ -28,8 +30,6 @@ OWNER_BOOT = PREFIX + "owner_boot"
 CREATED_AT = PREFIX + "created_at"
 TTL_S = PREFIX + "ttl_s"
 TTL_GRACE_S = 30.0
-
-RunFinished = Callable[[str], bool]
 
 
 def stalewise_home() -> Path:
@@ -120,14 +120,10 @@ def owner_is_dead(labels: Mapping[str, str], me: Owner) -> bool:
     return start is None or start != labels.get(OWNER_START, start)
 
 
-def orphan_reason(labels: Mapping[str, str], *, me: Owner, now: float,
-                  is_run_finished: RunFinished | None = None) -> str | None:
+def orphan_reason(labels: Mapping[str, str], *, me: Owner, now: float) -> str | None:
     """Why a container of this installation should be removed, or None to keep it."""
     if owner_is_dead(labels, me):
         return f"owner process {labels.get(OWNER_PID)} is gone"
-    run_id = labels.get(RUN_ID, "")
-    if is_run_finished is not None and run_id and is_run_finished(run_id):
-        return f"run {run_id} is finished"
     try:
         expires = float(labels[CREATED_AT]) + float(labels[TTL_S]) + TTL_GRACE_S
     except (KeyError, ValueError):

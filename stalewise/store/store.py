@@ -190,6 +190,8 @@ class Store:
                                   .order_by(s.Run.created_at.desc()).limit(limit)))
 
     def run_is_finished(self, run_id: str) -> bool:
+        """Nothing more will come from this run here: it ended, or this store never saw it
+        (the learner's question). Not a test of who owns a container (sandboxes.labels)."""
         row = self.run(run_id)
         return row is None or row.status != "running"
 

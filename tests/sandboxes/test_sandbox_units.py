@@ -59,8 +59,6 @@ def test_orphan_rules() -> None:
     alive = lab.container_labels(run_id="r1", trajectory_id="t1", ttl_s=100, installation="i",
                                  owner=me, now=now)
     assert lab.orphan_reason(alive, me=me, now=now + 10) is None
-    assert "finished" in (lab.orphan_reason(alive, me=me, now=now + 10,
-                                            is_run_finished=lambda run: run == "r1") or "")
     assert "time to live" in (lab.orphan_reason(alive, me=me, now=now + 1000) or "")
     dead = dict(alive, **{lab.OWNER_PID: str(_dead_pid())})
     assert "gone" in (lab.orphan_reason(dead, me=me, now=now + 10) or "")

@@ -1,0 +1,131 @@
+"""Jobs of one installation side by side on one Docker engine, each with a database of its own.
+
+Contract (sandboxes.labels): a container is an orphan only when its owner process is provably
+gone (or its TTL has passed), never because a job's store has not heard of its run. So:
+- two jobs with different databases run at once and both finish with no infrastructure
+  error: neither one's start-up sweep removes the other's live sandboxes;
+- a third job, started after one of them was SIGKILLed, removes exactly the dead job's
+  containers (one is planted with the dead owner's labels, as a container whose agent never
+  noticed its owner die would be) and none of the live job's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+from sqlalchemy import func, select
+from test_job_faults import containers_of, start, wait_for, write_config
+
+from sandboxes import labels as lab
+from sandboxes.image import BASE_IMAGE
+from stalewise.store import schema as s
+from stalewise.store.store import Store
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+REMOVED = re.compile(r"removed orphan sandbox (\S+): (.+)")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    from engine.tiny import init_tiny
+
+    return init_tiny(tmp_path_factory.mktemp("model") / "tiny")
+
+
+def _job(tmp_path: Path, name: str, model: Path, *, steps: int, budget_s: float | None = None
+         ) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    config = write_config(folder, model, steps=steps)
+    if budget_s is not None:
+        config.write_text(config.read_text().replace(
+            "[pipeline]\n", f"[pipeline]\nbudget_s = {budget_s}\n"))
+    return config
+
+
+def _run_id(folder: Path) -> str | None:
+    if not (folder / "store.db").exists():
+        return None
+    store = Store.open(f"sqlite:///{folder}/store.db")
+    try:
+        runs = store.runs()
+        return runs[0].id if runs else None
+    finally:
+        store.close()
+
+
+def _live_containers(folder: Path) -> list[dict]:
+    run_id = _run_id(folder)
+    return containers_of(run_id, running_only=True) if run_id else []
+
+
+def _infra_errors(folder: Path) -> int:
+    store = Store.open(f"sqlite:///{folder}/store.db")
+    try:
+        with store.engine.connect() as c:
+            return c.execute(select(func.count()).select_from(s.Trajectory)
+                             .where(s.Trajectory.status == "infra_error")).scalar_one()
+    finally:
+        store.close()
+
+
+def _plant(labels: dict[str, str]) -> str:
+    """A running container with `labels` and no agent: only a sweep can end it."""
+    client = docker.from_env()
+    try:
+        created = client.api.create_container(
+            BASE_IMAGE, command=["sleep", "600"], labels=labels,
+            host_config=client.api.create_host_config(network_mode="none", auto_remove=True))
+        client.api.start(created["Id"])
+        return client.api.inspect_container(created["Id"])["Name"].lstrip("/")
+    finally:
+        client.close()
+
+
+def _finish(proc, what: str) -> str:
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, f"{what} failed:\n{output[-4000:]}"
+    return output
+
+
+def test_jobs_with_their_own_databases_never_remove_each_others_sandboxes(tmp_path, model_dir):
+    env = {"STALEWISE_INSTALLATION_ID": f"concurrent-{uuid.uuid4().hex[:8]}"}
+    live = tmp_path / "live"  # runs through the whole test, on a budget
+    procs = {"live": start(_job(tmp_path, "live", model_dir, steps=10_000, budget_s=100),
+                           env=env)}
+    try:
+        wait_for(lambda: _live_containers(live), 300, "the live job's sandboxes")
+        procs["second"] = start(_job(tmp_path, "second", model_dir, steps=2), env=env)
+        killed = tmp_path / "killed"
+        procs["killed"] = start(_job(tmp_path, "killed", model_dir, steps=10_000), env=env)
+        wait_for(lambda: _live_containers(killed), 300, "the doomed job's sandboxes")
+        doomed_labels = dict(_live_containers(killed)[0]["Labels"])
+        os.killpg(procs["killed"].pid, signal.SIGKILL)  # orchestrator, engine and learner
+        procs["killed"].wait()
+        planted = _plant(doomed_labels)
+        third = tmp_path / "third"
+        procs["third"] = start(_job(tmp_path, "third", model_dir, steps=2), env=env)
+        wait_for(lambda: _live_containers(third), 300, "the third job's sandboxes")
+        assert procs["live"].poll() is None, "the live job must still run at the third's sweep"
+        assert _live_containers(live), "the live job's sandboxes are still there"
+        outputs = {name: _finish(procs[name], name) for name in ("second", "third", "live")}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    for name in ("live", "second", "third"):
+        assert _infra_errors(tmp_path / name) == 0, f"{name}: a sandbox was taken from it"
+    removed = {container: reason for name in outputs
+               for container, reason in REMOVED.findall(outputs[name])}
+    doomed_run = doomed_labels[lab.RUN_ID]
+    assert planted in removed, f"the dead job's planted container was left: {removed}"
+    assert all(container.startswith(f"sw-{doomed_run}-") or container == planted
+               for container in removed), f"only the dead job's containers go: {removed}"
+    assert all("is gone" in reason for reason in removed.values()), removed
+    assert containers_of(doomed_run) == [], "nothing of the SIGKILLed job is left"

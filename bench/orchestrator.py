@@ -38,7 +38,7 @@ from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency  # noqa: E40
 from orchestrator.replicas import ReplicaRouter  # noqa: E402
 from orchestrator.scripted_engine import LatencyModel, ScriptedEngine  # noqa: E402
 from orchestrator.testing import CapacityEngine, DemoScript, FakeLearner  # noqa: E402
-from orchestrator.writer import StoreWriter  # noqa: E402
+from orchestrator.writer import running_writer  # noqa: E402
 from stalewise.config import parse_config  # noqa: E402
 from stalewise.store.store import Store  # noqa: E402
 from stalewise.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
@@ -95,10 +95,6 @@ async def measure(args, directory: str, replicas: int | None = None) -> dict:
         script, keep_requests=False,
         latency=LatencyModel(fixed_s=args.engine_s, jitter_sigma=0.3)))
     learner = FakeLearner(store, "bench", batch_size=64, poll_s=0.05)
-    writer = StoreWriter(store)
-    pipeline = Pipeline(run_id="bench", cfg=cfg, store=store, writer=writer, engine=engine,
-                        weights=None, family=family, chat_format=chat, acquire=memory_sandbox,
-                        poll_s=0.5)
     peak = 0
     window: dict[str, float] = {}
 
@@ -117,11 +113,14 @@ async def measure(args, directory: str, replicas: int | None = None) -> dict:
                       cpu=time.process_time() - window["cpu"])
         tg.cancel_scope.cancel()
 
-    async with anyio.create_task_group() as tg:
-        await tg.start(writer.run)
-        await tg.start(learner.run)
-        tg.start_soon(pipeline.run)
-        tg.start_soon(sample)
+    async with running_writer(store) as writer:  # it stops after the pipeline
+        pipeline = Pipeline(run_id="bench", cfg=cfg, store=store, writer=writer, engine=engine,
+                            weights=None, family=family, chat_format=chat,
+                            acquire=memory_sandbox, poll_s=0.5)
+        async with anyio.create_task_group() as tg:
+            await tg.start(learner.run)
+            tg.start_soon(pipeline.run)
+            tg.start_soon(sample)
     rows = writer.rows_written
     store.close()
     return dict(turns_per_s=window["calls"] / window["wall"],

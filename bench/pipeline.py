@@ -55,7 +55,7 @@ from orchestrator.pipeline import Pipeline
 from orchestrator.report import store_ledger
 from orchestrator.scripted_engine import ScriptedEngine
 from orchestrator.testing import CapacityEngine, DemoScript, FakeLearner
-from orchestrator.writer import StoreWriter
+from orchestrator.writer import running_writer
 from stalewise.config import parse_config
 from stalewise.store.store import Store
 from stalewise.tiny_tokenizer import build_tiny_tokenizer
@@ -148,9 +148,7 @@ def run_mode(mode: str, kv: str, batch_kind: str, args, directory: Path, *,
     learner = FakeLearner(store, name, batch_size=batch, max_steps=steps, step_s=step_s)
 
     async def main() -> Pipeline:
-        writer = StoreWriter(store)
-        async with anyio.create_task_group() as tg:
-            await tg.start(writer.run)
+        async with running_writer(store) as writer, anyio.create_task_group() as tg:
             await tg.start(learner.run)
             pipeline = Pipeline(run_id=name, cfg=cfg, store=store, writer=writer,
                                 engine=engine, weights=engine, family=family, chat_format=chat,

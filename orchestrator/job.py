@@ -37,7 +37,7 @@ from orchestrator.progress import show_progress, snapshot
 from orchestrator.replicas import ReplicaRouter
 from orchestrator.report import held_out_gain, rollout_dynamics, store_ledger, write_report
 from orchestrator.resume import recover_run
-from orchestrator.writer import StoreWriter
+from orchestrator.writer import running_writer
 from stalewise.config import JobConfig
 from stalewise.log import bind_run, configure_logging, get_logger
 from stalewise.store import audit
@@ -322,7 +322,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
             job.engine, single_url=single_url, version=version,
             local=engine_proc if isinstance(engine_proc, (LocalReplicas, RayEngines)) else None))
         await client.wait_ready(job.engine.startup_timeout_s)
-        writer = StoreWriter(store)
+        writer = await stack.enter_async_context(running_writer(store))  # outlives the rest
         pools = PoolSet(job.sandbox, run_id)
         pipeline = Pipeline(run_id=run_id, cfg=job, store=store, writer=writer, engine=client,
                             weights=client, family=family, chat_format=chat_format,
@@ -335,7 +335,6 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                         "later turns may use newer weights (drain updates)")
         results: list[EvalResult] = []
         async with anyio.create_task_group() as tg:
-            await tg.start(writer.run)
             await tg.start(pools.run)
             if isinstance(client, ReplicaRouter):
                 await tg.start(client.run)  # probes, fails over, restarts replicas

@@ -14,7 +14,8 @@ Modes (design.md):
   progress continue under the new weights with their KV cache retained or recomputed.
 
 Guarantees: every dispatched trajectory has a row before its loop starts and ends with its
-outcome or, if the run stops first, as `aborted`; a trajectory's model and tool calls are
+outcome or, if the run stops first (its steps done, or cancelled, or failed), as `aborted`
+with the reason (`orchestrator.inflight`); a trajectory's model and tool calls are
 durable before it enters the learner stream; a group's decisions are stored in one transaction;
 the driver stops dispatching once the learner has done `pipeline.steps` steps.
 """
@@ -34,6 +35,7 @@ import anyio
 
 from orchestrator.admission import Decision, decide_group, decide_member
 from orchestrator.groups import GroupState, member_outcome
+from orchestrator.inflight import InFlight
 from orchestrator.pinning import PinOnFirstCall
 from orchestrator.recorder import SqlRecorder, outcome_values
 from orchestrator.rollout import RolloutOptions, run_trajectory
@@ -151,7 +153,7 @@ class Pipeline:
         self.rl_started: float | None = None  # when run() began: the budget's clock
         self.in_flight = 0
         self.undecided = 0  # dispatched members whose decision is not stored yet
-        self.unfinished: dict[int, TaskInstance] = {}  # trajectory id -> task, in flight
+        self.unfinished: InFlight[TaskInstance] = InFlight(store, writer)
         self.engine_health = engine_health
         # `pin` keeps each async trajectory on one version (the embedded engine); `drain` is the
         # fallback for engines that cannot pin (vLLM): later turns may use newer weights.
@@ -208,8 +210,9 @@ class Pipeline:
                     await self._drive_async()
                 tg.cancel_scope.cancel()
         finally:
-            with anyio.CancelScope(shield=True):
-                await self._abort_unfinished("the run reached its learner steps")
+            await self.unfinished.abort_all(
+                "the run reached its learner steps" if self.done() else
+                "the run stopped (cancelled or failed) before this trajectory finished")
 
     async def _drive_async(self) -> None:
         while not self.done():
@@ -306,16 +309,19 @@ class Pipeline:
         task = self._task(self.next_index)
         self.next_index += 1
         size, version = self.cfg.rollout.group_size, self.engine_version
-        instance_id, group_id, trajectory_ids = await self.writer.transact(
-            lambda c: self.store.create_group_in(
-                c, self.run_id, family=task.family, key=task.key, content_hash=task.content_hash,
-                difficulty=task.difficulty, prompt=task.prompt[-1].content, size=size,
-                dispatch_version=version), urgent=True)
+        with anyio.CancelScope(shield=True):  # rows and registration together (inflight)
+            instance_id, group_id, trajectory_ids = await self.writer.transact(
+                lambda c: self.store.create_group_in(
+                    c, self.run_id, family=task.family, key=task.key,
+                    content_hash=task.content_hash, difficulty=task.difficulty,
+                    prompt=task.prompt[-1].content, size=size, dispatch_version=version),
+                urgent=True)
+            for trajectory_id in trajectory_ids:
+                self.unfinished.add(trajectory_id, task)
         group = GroupState(group_id, task, instance_id, size, version)
         self.undecided += size
         for sample, trajectory_id in enumerate(trajectory_ids):
             group.attempts[sample] = 0
-            self.unfinished[trajectory_id] = task
             self._tg.start_soon(self._run_member, group, sample, trajectory_id)
         self.stats.dispatched += size
         return group
@@ -323,11 +329,12 @@ class Pipeline:
     async def _requeue(self, group: GroupState, sample: int) -> None:
         group.attempts[sample] += 1
         self.undecided += 1
-        trajectory_id = await self.writer.transact(lambda c: self.store.create_trajectory_in(
-            c, self.run_id, group_id=group.group_id, task_instance_id=group.task_instance_id,
-            sample_index=sample, attempt=group.attempts[sample],
-            dispatch_version=self.engine_version), urgent=True)
-        self.unfinished[trajectory_id] = group.task
+        with anyio.CancelScope(shield=True):  # row and registration together (inflight)
+            trajectory_id = await self.writer.transact(lambda c: self.store.create_trajectory_in(
+                c, self.run_id, group_id=group.group_id, task_instance_id=group.task_instance_id,
+                sample_index=sample, attempt=group.attempts[sample],
+                dispatch_version=self.engine_version), urgent=True)
+            self.unfinished.add(trajectory_id, group.task)
         self._tg.start_soon(self._run_member, group, sample, trajectory_id)
 
     def task_of(self, trajectory_id: int) -> TaskInstance | None:
@@ -352,7 +359,7 @@ class Pipeline:
             finally:
                 self.in_flight -= 1
         await self.writer.put_trajectory_update(trajectory_id, outcome_values(outcome))
-        self.unfinished.pop(trajectory_id, None)
+        self.unfinished.ended(trajectory_id)
         if outcome.status.value == "infra_error" or outcome.error_type in BUG_ERRORS:
             with bind_trajectory(trajectory_id):
                 log.warning("trajectory failed", status=outcome.status.value,
@@ -460,22 +467,3 @@ class Pipeline:
                 log.info("engine answering again; dispatch resumed")
             self._engine_down = False
             self._notify()
-
-    async def _abort_unfinished(self, reason: str) -> None:
-        if not self.unfinished:
-            return
-        values = dict(status="aborted", error=reason, finished_at=time.time())
-        ids = sorted(self.unfinished)
-        self.unfinished.clear()
-        written = False
-        with anyio.move_on_after(10):
-            try:  # through the writer, so it lands after the rows it still holds for them
-                for tid in ids:
-                    await self.writer.put_trajectory_update(tid, values)
-                await self.writer.flush()
-                written = True
-            except RuntimeError:  # the writer has stopped (the job is failing)
-                pass
-        if not written:
-            await anyio.to_thread.run_sync(lambda: [self.store.update_trajectory(tid, **values)
-                                                    for tid in ids])

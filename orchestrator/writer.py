@@ -12,11 +12,18 @@ submitted after them (so an admitted trajectory's calls are committed with or be
 stream entry); `flush()` returns once everything submitted before it is committed; when `run`
 ends (closing or cancellation) it writes whatever is pending, so no recorded data is lost when
 the job shuts down. Memory is bounded: `put_*` waits when `max_pending` rows are queued.
+
+Lifetime: `running_writer(store)` is the writer of a job. It outlives the body of its `async
+with`: a cancellation from outside does not stop it; it stops when the body has ended (and with
+it every task the body started and waited for), after writing what is pending. So nothing the
+body submits ever meets a closed writer, as long as the writer itself has not failed; once it
+has, every later submission raises `WriterStopped`, naming the failure.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
@@ -25,6 +32,10 @@ from sqlalchemy import Connection
 from stalewise.store.store import Store
 
 T = TypeVar("T")
+
+
+class WriterStopped(RuntimeError):
+    """A row or a transaction was submitted after the writer stopped."""
 
 
 class _Work:
@@ -51,6 +62,9 @@ class StoreWriter:
         self._submitted = 0
         self._committed = 0
         self._closed = False
+        self._stopping = False
+        self._ended = False  # the last write is done (or failed): nothing more will commit
+        self._failure: BaseException | None = None
         self.rows_written = 0
         self.transactions = 0
 
@@ -58,12 +72,18 @@ class StoreWriter:
     def pending(self) -> int:
         return len(self._model_calls) + len(self._tool_calls) + len(self._updates)
 
-    async def _admit(self) -> None:
+    def _refuse_if_closed(self) -> None:
         if self._closed:
-            raise RuntimeError("StoreWriter is closed")
+            cause = f": {self._failure!r}" if self._failure is not None else ""
+            raise WriterStopped(f"the store writer has stopped{cause}; nothing more can be "
+                                "recorded in this run")
+
+    async def _admit(self) -> None:
+        self._refuse_if_closed()
         if self.pending >= self.max_pending:  # the lock only when full: puts are the hot path
             async with self._room:
                 while self.pending >= self.max_pending:
+                    self._refuse_if_ended()
                     await self._room.wait()
         self._submitted += 1
         self._wake.set()
@@ -83,8 +103,7 @@ class StoreWriter:
     async def transact(self, work: Callable[[Connection], T], *, urgent: bool = False) -> T:
         """Run `work(connection)` in the next batch transaction, after everything submitted
         before it; returns its result (or raises its error). `urgent` skips the batching delay."""
-        if self._closed:
-            raise RuntimeError("StoreWriter is closed")
+        self._refuse_if_closed()
         item = _Work(work)
         self._work.append(item)
         self._submitted += 1
@@ -96,12 +115,19 @@ class StoreWriter:
             raise item.error
         return item.result
 
+    def _refuse_if_ended(self) -> None:
+        if self._ended:
+            self._refuse_if_closed()
+
     async def flush(self) -> None:
+        """Return once everything submitted before this call is committed (`WriterStopped` if
+        the writer stopped before it could be)."""
         target = self._submitted
         self._wake.set()
         self._urgent.set()
         async with self._written:
             while self._committed < target:
+                self._refuse_if_ended()
                 await self._written.wait()
 
     async def _write_pending(self) -> None:
@@ -131,23 +157,59 @@ class StoreWriter:
         finally:
             for item in work:
                 item.done.set()
-        self._committed = target
+        if self._failure is None:  # after a failed write nothing counts as committed
+            self._committed = target
         async with self._room:
             self._room.notify_all()
         async with self._written:
             self._written.notify_all()
 
+    def close(self) -> None:
+        """Stop `run` once it has written what is pending (it ends by itself; not awaited)."""
+        self._stopping = True
+        self._wake.set()
+        self._urgent.set()
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Write batches until `close()` or cancellation, then what is still pending."""
         task_status.started()
         try:
-            while True:
+            while not self._stopping:
                 await self._wake.wait()
                 self._wake = anyio.Event()
                 with anyio.move_on_after(self.max_delay_s):
-                    await self._urgent.wait()  # a flush() cuts the batching delay short
+                    await self._urgent.wait()  # a flush() or close() cuts the delay short
                 self._urgent = anyio.Event()
                 await self._write_pending()
+        except Exception as exc:
+            self._failure = exc
+            raise
         finally:
             self._closed = True
             with anyio.CancelScope(shield=True):
-                await self._write_pending()
+                try:
+                    await self._write_pending()
+                finally:
+                    self._ended = True
+                    for waiters in (self._room, self._written):
+                        async with waiters:
+                            waiters.notify_all()
+
+    async def _run_shielded(self, *,
+                            task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        with anyio.CancelScope(shield=True):  # it ends by close(), after the body
+            await self.run(task_status=task_status)
+
+
+@asynccontextmanager
+async def running_writer(store: Store, **options: Any) -> AsyncIterator[StoreWriter]:
+    """A `StoreWriter` running for the body of the `async with`, and until the body has ended
+    (module docstring). A write in progress is never abandoned: the store's own timeouts
+    (SQLite's busy timeout, PostgreSQL's connection and statement timeouts) bound it."""
+    writer = StoreWriter(store, **options)
+    async with anyio.create_task_group() as tg:
+        await tg.start(writer._run_shielded)
+        try:
+            yield writer
+        finally:
+            writer.close()

@@ -8,6 +8,8 @@ members without waiting for their group.
 
 from __future__ import annotations
 
+import random
+
 import anyio
 import pytest
 from pipeline_fixtures import CHAT, coin_engine, coin_family, fake_sandbox
@@ -17,7 +19,7 @@ from orchestrator.pinning import PinnedEngine, PinOnFirstCall
 from orchestrator.pipeline import Pipeline
 from orchestrator.scripted_engine import LatencyModel
 from orchestrator.testing import FakeLearner, VersionedEngine
-from orchestrator.writer import StoreWriter
+from orchestrator.writer import running_writer
 from stalewise.config import parse_config
 from stalewise.engine_api import VersionNotResidentError
 from stalewise.store import schema as s
@@ -37,9 +39,7 @@ def run_pipeline(url: str, overrides: dict, *, step_s: float = 0.0, latency=None
     weights = VersionedEngine(engine)
 
     async def main():
-        writer = StoreWriter(store)
-        async with anyio.create_task_group() as tg:
-            await tg.start(writer.run)
+        async with running_writer(store) as writer, anyio.create_task_group() as tg:
             await tg.start(learner.run)
             pipeline = Pipeline(run_id="r", cfg=cfg, store=store, writer=writer, engine=engine,
                                 weights=weights, family=coin_family(), chat_format=CHAT,
@@ -196,9 +196,7 @@ def run_with_outage(url: str, *, outage_s: float, limit_s: float):
 
     async def main():
         flaky = FlakyEngine(coin_engine(LatencyModel(fixed_s=0.1)), down_at_call=3)
-        writer = StoreWriter(store)
-        async with anyio.create_task_group() as tg:
-            await tg.start(writer.run)
+        async with running_writer(store) as writer, anyio.create_task_group() as tg:
             await tg.start(learner.run)
             tg.start_soon(outage, flaky)
             pipeline = Pipeline(run_id="r", cfg=cfg, store=store, writer=writer, engine=flaky,
@@ -337,3 +335,58 @@ def test_kv_lag_is_per_token_so_a_recomputed_cache_has_none(sqlite_url):
     assert dynamics["max_kv_lag"] == 1 and dynamics["mean_kv_lag"] == 0.5
     assert dynamics["kv_lagged_fraction"] == 0.5
     store.close()
+
+
+TERMINAL = {"completed", "truncated", "failed", "infra_error", "aborted"}
+
+
+def test_a_pipeline_cancelled_at_any_of_50_moments_raises_nothing_and_ends_every_trajectory(
+        tmp_path):
+    """Shutdown without races (orchestrator.writer, orchestrator.inflight): a running pipeline
+    is cancelled at 50 seeded random moments, in every mode, sometimes with its writer inside
+    the cancelled scope. Nothing raises (no dispatch meets a closed writer), every trajectory
+    it created has a terminal status, the aborted ones say why, and each stream entry belongs
+    to a trajectory that reached its outcome."""
+    rng = random.Random(27)
+    store = Store.open(f"sqlite:///{tmp_path}/cancel.db", create=True)
+    for i in range(50):
+        run_id, mode, moment = f"c{i}", rng.choice(["sync", "async", "inflight"]), rng.uniform(0, 0.6)
+        writer_cancelled = rng.random() < 0.5
+        cfg = parse_config({"rollout": {"group_size": 2, "max_concurrent": 8},
+                            "learner": {"batch_size": 4},
+                            "admission": {"group_completion": rng.choice(["wait", "stream"])},
+                            "pipeline": {"mode": mode, "steps": 1000}})
+        store.create_run(run_id, name="cancel", config={}, pipeline_mode=mode)
+        engine = coin_engine(LatencyModel(fixed_s=rng.choice([0.0, 0.005, 0.02])))
+        learner = FakeLearner(store, run_id, batch_size=4)
+
+        async def pipeline_until_cancelled(writer):
+            async with anyio.create_task_group() as tg:
+                await tg.start(learner.run)
+                pipeline = Pipeline(run_id=run_id, cfg=cfg, store=store, writer=writer,
+                                    engine=engine, weights=VersionedEngine(engine),
+                                    family=coin_family(), chat_format=CHAT,
+                                    acquire=fake_sandbox, poll_s=0.01)
+                tg.start_soon(pipeline.run)
+                await anyio.sleep(moment)
+                tg.cancel_scope.cancel()
+
+        async def main():
+            if writer_cancelled:
+                with anyio.move_on_after(moment):
+                    async with running_writer(store) as writer:
+                        await pipeline_until_cancelled(writer)
+            else:
+                async with running_writer(store) as writer:
+                    await pipeline_until_cancelled(writer)
+
+        anyio.run(main)
+        with store.engine.connect() as c:
+            trajectories = list(c.execute(select(s.Trajectory).where(s.Trajectory.run_id == run_id)))
+            streamed = set(c.execute(select(s.StreamEntry.trajectory_id)
+                                     .where(s.StreamEntry.run_id == run_id)).scalars())
+        where = f"moment {i} ({mode}, {moment:.3f} s, writer cancelled: {writer_cancelled})"
+        assert {t.status for t in trajectories} <= TERMINAL, where
+        assert all(t.error for t in trajectories if t.status == "aborted"), where
+        ended = {t.id for t in trajectories if t.status in ("completed", "failed", "truncated")}
+        assert streamed <= ended, where

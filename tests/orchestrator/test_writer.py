@@ -8,7 +8,7 @@ import anyio
 import numpy as np
 import pytest
 
-from orchestrator.writer import StoreWriter
+from orchestrator.writer import StoreWriter, WriterStopped, running_writer
 from stalewise.records import SampledTokens
 from stalewise.store.store import Store, model_call_row
 
@@ -107,3 +107,50 @@ def test_transact_runs_after_earlier_rows_and_a_failure_keeps_them(sqlite_url):
     anyio.run(main)
     assert [c.turn for c in store.model_calls(tid)] == [0, 1]  # the failed work lost no rows
     store.close()
+
+
+def test_running_writer_outlives_a_body_cancelled_from_outside(sqlite_url):
+    """`running_writer`: a cancellation from outside reaches the body, not the writer, so the
+    body's shielded clean-up can still record rows; they are committed when the block ends."""
+    store, tid = _store(sqlite_url)
+
+    async def main():
+        with anyio.move_on_after(0.05):
+            async with running_writer(store, max_delay_s=10.0) as writer:
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await anyio.sleep(0.1)  # past the outer deadline
+                        await writer.put_model_call(_row(tid, 0))
+                        await writer.put_trajectory_update(tid, {"status": "aborted"})
+
+    anyio.run(main)
+    assert [c.turn for c in store.model_calls(tid)] == [0]
+    assert store.trajectory(tid).status == "aborted"
+
+
+def test_after_a_failed_write_every_submission_names_the_failure(sqlite_url):
+    """A writer whose store write failed ends the block (the body is cancelled); shielded
+    clean-up in the body that still submits rows, flushes or transactions gets `WriterStopped`
+    naming the write's error, never a hang."""
+    store, tid = _store(sqlite_url)
+    refused = []
+
+    async def main():
+        async with running_writer(store, max_delay_s=0.0) as writer:
+            try:
+                await writer.put_model_call(_row(tid + 1000, 0))  # no such trajectory: FK error
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    for submit in (writer.flush, lambda: writer.put_model_call(_row(tid, 1)),
+                                   lambda: writer.transact(lambda c: None)):
+                        with pytest.raises(WriterStopped) as caught:
+                            await submit()
+                        refused.append(str(caught.value))
+
+    with pytest.raises(BaseExceptionGroup) as group:
+        anyio.run(main)
+    assert group.value.subgroup(lambda e: "FOREIGN KEY" in str(e)) is not None
+    assert len(refused) == 3 and all("has stopped: IntegrityError" in t for t in refused)

@@ -115,13 +115,14 @@ def test_running_writer_outlives_a_body_cancelled_from_outside(sqlite_url):
     store, tid = _store(sqlite_url)
 
     async def main():
-        with anyio.move_on_after(0.05):
+        with anyio.CancelScope() as outside:
             async with running_writer(store, max_delay_s=10.0) as writer:
                 try:
+                    outside.cancel()
                     await anyio.sleep_forever()
                 finally:
                     with anyio.CancelScope(shield=True):
-                        await anyio.sleep(0.1)  # past the outer deadline
+                        await anyio.sleep(0.1)  # the writer's loop has seen the cancel
                         await writer.put_model_call(_row(tid, 0))
                         await writer.put_trajectory_update(tid, {"status": "aborted"})
 

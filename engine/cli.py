@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -21,9 +20,9 @@ def _help(field: str) -> str:
 
 def _server_config(path: Path | None, overrides: dict) -> EngineServerConfig:
     """The engine's config: the JSON file (or the defaults) with the given fields replaced."""
-    from stalewise.config_errors import validate
+    from stalewise.config_errors import read_json, validate
 
-    data = json.loads(path.read_text()) if path is not None else {}
+    data = read_json(path, "an engine config (the job's engine.json)") if path is not None else {}
     return validate(EngineServerConfig, {**data, **overrides}, str(path or "engine flags"))
 
 

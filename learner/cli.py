@@ -393,8 +393,15 @@ def serve_command(
     _quiet_transformers()
     from learner.config import LearnerConfig
     from learner.service import serve
+    from stalewise.config_errors import ConfigError, read_json, validate
 
-    cfg = LearnerConfig.model_validate_json(config.read_text())
+    try:
+        cfg = validate(LearnerConfig, read_json(config, "a learner config (the job's "
+                                                        "learner.json)"), str(config))
+    except ConfigError as exc:
+        for problem in exc.problems:
+            typer.echo(f"error: {exc.source}: {problem}", err=True)
+        raise typer.Exit(2) from None
     raise typer.Exit(serve(db_url=db, run_id=run, cfg=cfg, model_dir=model,
                            publish_root=publish_root, steps=steps, poll_s=poll_s,
                            argv=_serve_argv()))

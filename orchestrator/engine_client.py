@@ -92,7 +92,8 @@ class EmbeddedEngineClient(EngineClient):
                 except EngineError:
                     pass  # the engine also aborts on disconnect
             raise
-        result = decode_generate_reply(payload, source=self.http.sender(GENERATE_ROUTE))
+        result = decode_generate_reply(payload, source=self.http.sender(GENERATE_ROUTE),
+                                       request_id=request_id)
         self._saw_versions(result.tokens.weights_versions)
         return result
 

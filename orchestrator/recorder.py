@@ -5,6 +5,10 @@ final row update is written with them and `finish` returns once it is durable. A
 starts a later training segment carries the reason (`segment_break`) in its `sampling` JSON,
 next to the sampling parameters; a call whose context was prefilled again on another engine
 replica (failover, `orchestrator.replicas`) carries why as `kv_recompute` there too.
+
+Every text it hands the store is one the store can hold: a NUL character (which PostgreSQL's
+text and JSON columns refuse, failing the whole batch with the rows of other trajectories) is
+written as U+FFFD, in tool observations and arguments, errors and the reasons above.
 """
 
 from __future__ import annotations
@@ -34,10 +38,10 @@ class SqlRecorder:
     async def model_call(self, record: ModelCallRecord) -> None:
         sampling: dict[str, Any] | str = self._sampling_json(record.params)
         if record.segment_break is not None:  # rare: the first call of a later segment
-            sampling = {**json.loads(sampling), "segment_break": record.segment_break}
+            sampling = {**json.loads(sampling), "segment_break": storable(record.segment_break)}
         if record.recompute_reason is not None:  # rare: the session moved to another replica
             sampling = {**(json.loads(sampling) if isinstance(sampling, str) else sampling),
-                        "kv_recompute": record.recompute_reason}
+                        "kv_recompute": storable(record.recompute_reason)}
         await self.writer.put_model_call(model_call_row(
             trajectory_id=int(record.trajectory_id), turn=record.turn, segment=record.segment,
             context_len=record.context_len, prompt_token_ids=record.prompt_token_ids,
@@ -49,11 +53,16 @@ class SqlRecorder:
     async def tool_call(self, record: ToolCallRecord) -> None:
         await self.writer.put_tool_call(dict(
             trajectory_id=int(record.trajectory_id), turn=record.turn, index=record.index,
-            name=record.tool_name or "", arguments=record.arguments_json,
-            observation=record.observation, exit_code=record.exit_code,
+            name=storable(record.tool_name or ""), arguments=storable(record.arguments_json),
+            observation=storable(record.observation), exit_code=record.exit_code,
             error_type=record.error_type, timed_out=record.timed_out,
             truncated=record.truncated, output_bytes=record.original_bytes or 0,
             started_at=record.started_at, duration_s=record.duration_s))
+
+
+def storable(text: str) -> str:
+    """`text` with every NUL written as U+FFFD (see the module docstring)."""
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
 
 
 def outcome_values(outcome: TrajectoryOutcome) -> dict[str, Any]:
@@ -63,6 +72,7 @@ def outcome_values(outcome: TrajectoryOutcome) -> dict[str, Any]:
     error = outcome.error
     if outcome.error_type and error:
         error = f"{outcome.error_type}: {error}"
+    error = None if error is None else storable(error)
     return dict(
         status=outcome.status.value, stop_reason=outcome.stop_reason.value, reward=outcome.reward,
         reward_breakdown=dict(outcome.reward_breakdown), error=error,

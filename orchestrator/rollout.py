@@ -23,6 +23,11 @@ Contract (locked by tests/orchestrator/test_rollout_semantics.py):
 - `ToolError` is an observation; a tool's own timeout is an observation (`timed_out`);
   `SandboxError` (or an exec whose container died) is retried for idempotent tools, then is an
   infrastructure error.
+- Observations: a tool's text is capped to `max_observation_chars` (head and tail kept), terminal
+  control sequences are removed and other control characters shown as U+FFFD
+  (`clean_observation`); the tool-call record holds exactly what the model saw.
+- Engine replies: no tokens, more than `max_tokens`, or a NaN / +inf log-prob
+  (`engine_api.bad_logprobs`) is an `engine_invalid_reply` engine error.
 - Records: every finished model call and tool call is reported to the recorder when it happens;
   the outcome is returned once, with timings, counts, versions and training segments.
 - Timeouts are explicit cancel scopes with `anyio.fail_after` semantics: wall time around the
@@ -48,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import sys
 import time
 import traceback
@@ -78,6 +84,7 @@ from stalewise.engine_api import (
     GenerateResult,
     InferenceEngine,
     SamplingParams,
+    bad_logprobs,
 )
 from stalewise.records import INT32, SampledTokens
 from tasks.api import TaskInstance
@@ -202,6 +209,23 @@ def _event_loop_clock() -> Callable[[], float]:
         return asyncio.get_running_loop().time
     except RuntimeError:
         return anyio.current_time
+
+
+# Terminal control sequences (CSI such as colours and cursor moves, OSC such as window titles,
+# two-byte ESC sequences), then any other control character but tab, newline and carriage return.
+_TERMINAL_SEQUENCE = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x9b[0-?]*[ -/]*[@-~]"
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]+")
+
+
+def clean_observation(text: str) -> str:
+    """`text` as the model sees it and the store keeps it: terminal control sequences removed
+    (a tool's colours and cursor moves are not content), every other run of control characters
+    (NUL, which PostgreSQL text refuses, included) shown as one U+FFFD, like undecodable bytes."""
+    if _CONTROL.search(text) is None:
+        return text
+    return _CONTROL.sub("\ufffd", _TERMINAL_SEQUENCE.sub("", text))
 
 
 def cap_text(text: str, max_chars: int) -> tuple[str, bool]:
@@ -409,6 +433,8 @@ class _Rollout:
             problem = "no tokens sampled"
         elif len(result.tokens) > max_tokens:
             problem = f"{len(result.tokens)} tokens sampled, max_tokens was {max_tokens}"
+        elif (bad := bad_logprobs(result.tokens)) is not None:
+            problem = f"{bad[0]}: {bad[1]}"
         if problem:
             raise _Stop(StopReason.ENGINE_ERROR, f"invalid engine reply: {problem}",
                         "engine_invalid_reply")
@@ -505,6 +531,7 @@ class _Rollout:
             self.tools_s += duration
         self.tool_calls += 1
         text, capped = cap_text(result.text, self.limits.max_observation_chars)
+        text = clean_observation(text)
         original = result.original_bytes if result.truncated else None
         if capped:
             original = max(original or 0, len(result.text.encode()))

@@ -26,7 +26,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from sandboxes.agent import SEED_DIR
 from sandboxes.api import ImageBuild, SandboxError
@@ -299,8 +299,20 @@ def _build_from_folder(client: "docker.DockerClient", image: str, build: ImageBu
             client.images.build(path=tmp, tag=image, rm=True, forcerm=True, pull=False,
                                 timeout=int(build.timeout_s))
         except docker.errors.BuildError as exc:
-            lines = [str(x.get("stream") or x.get("error") or "") for x in exc.build_log]
-            tail = "".join(lines).strip().splitlines()[-1:] or [exc.msg]
-            raise SandboxError(f"building {image} from {context} failed: {tail[0]}") from exc
+            raise SandboxError(f"building {image} from {dockerfile} failed"
+                               f"{_failed_step(exc.build_log, exc.msg)}; fix the Dockerfile "
+                               f"(`docker build {context}` shows the whole log)") from exc
         except docker.errors.APIError as exc:
             raise SandboxError(f"building {image} from {context} failed: {exc}") from exc
+
+
+_BUILDER_NOISE = ("--->", "Removing intermediate container", "Running in")
+
+
+def _failed_step(build_log: Any, message: str) -> str:
+    """The error of a failed build and the last line the failing step printed, on one line."""
+    text = "".join(str(x.get("stream") or "") for x in build_log if isinstance(x, dict))
+    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines()]
+    lines = [line for line in lines if line and not line.startswith(_BUILDER_NOISE)]
+    said = lines[-1] if lines and not re.match(r"Step \d+/\d+ :", lines[-1]) else ""
+    return f": {message.strip()[:300]}" + (f"; its last output: {said[:300]!r}" if said else "")

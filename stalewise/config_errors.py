@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import difflib
+import json
 import tomllib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -34,16 +35,29 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The pydantic model class that owns the field at `loc[:-1]`, for unknown-key hints."""
+    """The pydantic model class that owns the field at `loc[:-1]`, for unknown-key hints
+    (through lists and optional values: `tools.mcp[0]` is a `McpServerConfig`)."""
     current: Any = model
     for item in loc[:-1]:
-        if isinstance(item, int) or not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return None
-        field = current.model_fields.get(item)
+        if isinstance(item, int):
+            continue  # an element of the list whose annotation `_inner_model` unwraps
+        owner = _inner_model(current)
+        field = owner.model_fields.get(item) if owner else None
         if field is None:
             return None
         current = field.annotation
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+    return _inner_model(current)
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    """`annotation` itself when it is a model, else the model inside `list[M]`, `M | None`..."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in get_args(annotation):
+        found = _inner_model(argument)
+        if found is not None:
+            return found
+    return None
 
 
 def describe(error: dict[str, Any], model: type[BaseModel]) -> str:
@@ -62,6 +76,10 @@ def describe(error: dict[str, Any], model: type[BaseModel]) -> str:
         return f"{path}: got {got!r}; allowed values: {expected}"
     if kind == "missing":
         return f"{path}: required field is missing; add it to the file"
+    if kind in ("model_type", "dict_type"):
+        return f"{path}: expected a table of key = value settings, got {got!r}"
+    if kind == "list_type" and not isinstance(got, dict):
+        return f"{path}: expected a list, got {got!r}; write it in brackets, e.g. [{got!r}]"
     message = error["msg"].removeprefix("Value error, ")
     if path == "(top level)":
         return message
@@ -80,6 +98,23 @@ def validate(model: type[Model], data: dict[str, Any], source: str) -> Model:
         return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(source, problems_of(exc, model)) from None
+
+
+def read_json(path: str | Path, what: str) -> dict[str, Any]:
+    """The parsed JSON object in `path`, or a ConfigError naming the file and what was
+    expected (`what`), like `read_toml`."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(str(path), [f"file not found; pass the path of {what}"]) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), [f"not valid JSON: {exc}; the job writes this file, so "
+                                      f"start the job again or fix it by hand"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), [f"expected a JSON object of settings, got "
+                                      f"{type(data).__name__}"])
+    return data
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:

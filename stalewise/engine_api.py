@@ -11,7 +11,9 @@ Two halves, both torch-free and shared by the engine (`engine/`) and the orchest
   `encode_generate_reply`; the client builds bodies with the same models and reads replies with
   `decode_generate_reply` / `decode_reply`. Per-token arrays travel as base64 of little-endian
   int32/float32 (exact, compact, and -inf survives). A reply that does not match its schema is
-  an `EngineError` naming the field; fields a newer engine adds are ignored.
+  an `EngineError` naming the field; so is a log-prob that is NaN or +inf (`bad_logprobs`, which
+  the agent loop also applies to in-process engines) and a reply whose `request_id` is not the
+  request's. Fields a newer engine adds are ignored.
 
 The update-mode, KV-policy and pause-mode names are defined here once for every process.
 """
@@ -221,13 +223,20 @@ def encode_generate_reply(result: GenerateResult, *, request_id: str) -> dict[st
     ).model_dump(mode="json")
 
 
-def decode_generate_reply(payload: Any, *, source: str = "the engine") -> GenerateResult:
+def decode_generate_reply(payload: Any, *, source: str = "the engine",
+                          request_id: str | None = None) -> GenerateResult:
     """A `/stalewise/generate` reply as a `GenerateResult`, exactly as the engine recorded it.
 
     Raises `EngineError("<source> sent a malformed generate reply: field '<name>': <why>")` for a
-    missing or ill-typed field, bad base64, or an array whose length disagrees with `length`
-    and `topk`."""
+    missing or ill-typed field, bad base64, an array whose length disagrees with `length` and
+    `topk`, a log-prob that is NaN or +inf, or (given `request_id`) a reply to another
+    request."""
     reply = decode_reply(GenerateReply, payload, source=source)
+    if request_id is not None and reply.request_id != request_id:
+        raise _malformed(source, "generate", "request_id",
+                         f"{reply.request_id!r} answers another request (this one was "
+                         f"{request_id!r}); is something between us and the engine mixing up "
+                         f"replies?")
     length, topk = reply.length, reply.topk
 
     def array(name: str, dtype: np.dtype, width: int = 1) -> np.ndarray:
@@ -243,10 +252,32 @@ def decode_generate_reply(payload: Any, *, source: str = "the engine") -> Genera
         extra = dict(topk_ids=array("topk_ids", INT32, topk).reshape(length, topk),
                      topk_logprobs=array("topk_logprobs", FLOAT32, topk).reshape(length, topk))
     tokens = SampledTokens(*per_token, **extra)
+    problem = bad_logprobs(tokens)
+    if problem:
+        raise _malformed(source, "generate", *problem)
     return GenerateResult(tokens=tokens, finish_reason=reply.finish_reason,
                           prompt_tokens=reply.prompt_tokens,
                           cached_prompt_tokens=reply.cached_prompt_tokens,
                           engine_id=reply.engine_id)
+
+
+def bad_logprobs(tokens: SampledTokens) -> tuple[str, str] | None:
+    """(field, why) for the first log-prob of `tokens` that is NaN or +inf, else None.
+
+    A log-probability is a number <= 0, or -inf (a top-k slot the sampler's filters removed);
+    a NaN would train the learner on garbage, so no engine's reply may carry one."""
+    arrays = [("sampler_logprobs", tokens.sampler_logprobs)]
+    if tokens.topk_logprobs is not None:
+        arrays.append(("topk_logprobs", tokens.topk_logprobs.reshape(-1)))
+    for name, values in arrays:
+        bad = np.flatnonzero(np.isnan(values) | np.isposinf(values))
+        if bad.size:
+            at = int(bad[0])
+            where = f"token {at}" if name == "sampler_logprobs" else (
+                f"token {at // tokens.topk}, slot {at % tokens.topk}")
+            return name, (f"{values[at]} at {where} ({bad.size} of {values.size} such values); "
+                          f"a log-probability is a number <= 0 or -inf")
+    return None
 
 
 def _array(reply: GenerateReply, name: str, dtype: np.dtype, count: int,

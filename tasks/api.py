@@ -21,7 +21,7 @@ import dataclasses
 import hashlib
 import json
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -76,8 +76,23 @@ class TaskInstance:
         prompt = self.prompt
         if isinstance(prompt, str):
             prompt = (ChatMessage("user", prompt),)
-        object.__setattr__(self, "prompt", tuple(prompt))
+        prompt = tuple(prompt) if isinstance(prompt, Iterable) else None
+        if prompt is None or not all(isinstance(m, ChatMessage) for m in prompt):
+            raise TypeError(f"TaskInstance.prompt must be a string or a sequence of "
+                            f"ChatMessage, got {_shown(self.prompt)}")
+        object.__setattr__(self, "prompt", prompt)
+        if isinstance(self.tools, (str, Mapping)) or not isinstance(self.tools, Iterable):
+            raise TypeError(f"TaskInstance.tools must be a sequence of @tool functions, got "
+                            f"{_shown(self.tools)}")
         object.__setattr__(self, "tools", tuple(self.tools))
+        for name, kind, hint in (("sandbox", SandboxSpec, "SandboxSpec(image=...)"),
+                                 ("limits", TaskLimits, "TaskLimits(max_turns=...)")):
+            if not isinstance(getattr(self, name), kind):
+                raise TypeError(f"TaskInstance.{name} must be a {kind.__name__}, got "
+                                f"{_shown(getattr(self, name))}; build it with {hint}")
+        if not callable(self.verifier):
+            raise TypeError(f"TaskInstance.verifier must be callable (a Rubric or an async "
+                            f"function of VerifyContext), got {_shown(self.verifier)}")
         if not self.prompt:
             raise ValueError("a task needs a prompt (a string or chat messages)")
         bad = [t for t in self.tools if not isinstance(t, Tool)]
@@ -110,6 +125,11 @@ class TaskInstance:
         except TypeError as err:
             raise TypeError(f"task data and hidden files must be JSON-serialisable: {err}") from err
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:80] + '...' if len(text) > 80 else text}"
 
 
 MakeFn = Callable[[int, str], TaskInstance]

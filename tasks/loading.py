@@ -7,8 +7,9 @@ References, tried in this order:
 - `package.module:name` or `package.module` (attribute `family`): an importable module.
 
 The attribute is either a `TaskFamily` or a factory called with the config's `options` as keyword
-arguments that returns one. Every failure raises `TaskLoadError` saying what was looked for and
-how to fix the reference.
+arguments that returns one. The family's first instance is built at once, so a task that cannot
+be made fails here. Every failure raises `TaskLoadError` saying what was looked for (the file and
+line of an import that failed) and how to fix it.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import traceback
 from collections.abc import Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from pydantic import ValidationError
 
 from tasks.api import TaskFamily
 
@@ -44,7 +48,8 @@ def load_family(ref: str, options: Mapping[str, Any] | None = None) -> TaskFamil
         return _harbor(ref.strip()[len(HARBOR_PREFIX):], options)
     target, attribute = _split(ref)
     if target.endswith(".py") or "/" in target or "\\" in target:
-        return _build(_load_file(target), attribute or "family", ref, options)
+        return _first_instance_builds(
+            _build(_load_file(target), attribute or "family", ref, options), ref)
     points = {ep.name: ep for ep in entry_points(group=GROUP)}
     if attribute is None and target in points:
         try:
@@ -52,7 +57,7 @@ def load_family(ref: str, options: Mapping[str, Any] | None = None) -> TaskFamil
         except Exception as err:
             raise TaskLoadError(f"entry point {target!r} ({points[target].value}) failed to "
                                 f"load: {type(err).__name__}: {err}") from err
-        return _build_value(value, ref, options)
+        return _first_instance_builds(_build_value(value, ref, options), ref)
     try:
         module = importlib.import_module(target)
     except ImportError as err:
@@ -61,7 +66,7 @@ def load_family(ref: str, options: Mapping[str, Any] | None = None) -> TaskFamil
             f"{GROUP!r} (installed: {', '.join(available_entry_points()) or 'none'}) and not an "
             f"importable module ({err}). Use 'path/to/file.py:family', an entry-point name, or "
             "'package.module:family'.") from err
-    return _build(module, attribute or "family", ref, options)
+    return _first_instance_builds(_build(module, attribute or "family", ref, options), ref)
 
 
 def _harbor(path: str, options: Mapping[str, Any] | None) -> TaskFamily:
@@ -105,9 +110,21 @@ def _load_file(path_text: str) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as err:
         del sys.modules[name]
-        raise TaskLoadError(f"importing task file {path} failed: {type(err).__name__}: "
-                            f"{err}") from err
+        fix = ("install it in this environment or fix the import"
+               if isinstance(err, ImportError) else "fix the file")
+        raise TaskLoadError(f"importing task file {path} failed{_line_in(err, path)}: "
+                            f"{type(err).__name__}: {err}; {fix}") from err
     return module
+
+
+def _line_in(err: BaseException, path: Path) -> str:
+    """`err`'s line in `path` as " at line N" (the last traceback frame there, or a syntax
+    error's own line), or "" when the error did not happen in that file."""
+    line = err.lineno if isinstance(err, SyntaxError) and err.filename == str(path) else None
+    for frame in traceback.extract_tb(err.__traceback__):
+        if frame.filename == str(path):
+            line = frame.lineno
+    return f" at line {line}" if line else ""
 
 
 def _build(module: ModuleType, attribute: str, ref: str,
@@ -142,6 +159,28 @@ def _build_value(value: Any, ref: str, options: Mapping[str, Any] | None) -> Tas
     if not isinstance(family, TaskFamily):
         raise TaskLoadError(f"{ref!r} returned {type(family).__name__}, expected a TaskFamily")
     return family
+
+
+def _first_instance_builds(family: TaskFamily, ref: str) -> TaskFamily:
+    """`family`, once its first instance builds: a task that cannot be made (a missing field, a
+    value of the wrong type) fails the job before it starts, not at its first dispatch."""
+    if family.size == 0:
+        raise TaskLoadError(f"{ref!r}: family {family.name} has no instances (size 0)")
+    split = family.splits[0]
+    try:
+        family.instance(0, split)
+    except Exception as err:
+        raise TaskLoadError(f"{ref!r}: building {split} instance 0 of family {family.name} "
+                            f"failed: {_one_line(err)}; fix the family's make function") from err
+    return family
+
+
+def _one_line(err: Exception) -> str:
+    if isinstance(err, ValidationError):  # a TaskLimits or SandboxSpec with a bad value
+        return "ValidationError: " + "; ".join(
+            f"{err.title}.{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e.get('input')!r})"
+            for e in err.errors())
+    return f"{type(err).__name__}: " + " ".join(str(err).split())
 
 
 def _signature(value: Any) -> str:

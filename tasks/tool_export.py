@@ -9,7 +9,8 @@ Guarantees:
   model then sends null). A non-None default, an open object (`dict[str, T]`) or a
   fixed-length tuple keeps the schema as it is, without `strict`;
 - `mcp_tool_descriptor` is an MCP `Tool` (`name`, `description`, `inputSchema`, `annotations`
-  with `readOnlyHint` and `idempotentHint`);
+  with `readOnlyHint` and `idempotentHint`); `readOnlyHint` is what the tool declares
+  (`Tool.read_only_hint`, an MCP server's own hint), else `read_only`;
 - neither changes `Tool.openai_schema()`, which is part of every task's content hash.
 """
 
@@ -74,7 +75,8 @@ def openai_function_tool(tool: Tool) -> dict[str, Any]:
 def mcp_tool_descriptor(tool: Tool) -> dict[str, Any]:
     return {"name": tool.name, "description": tool.description,
             "inputSchema": copy.deepcopy(tool.parameters),
-            "annotations": {"readOnlyHint": tool.read_only, "idempotentHint": tool.idempotent}}
+            "annotations": {"readOnlyHint": tool.read_only if tool.read_only_hint is None
+                            else tool.read_only_hint, "idempotentHint": tool.idempotent}}
 
 
 def export_tools(tools: list[Tool], fmt: str) -> list[dict[str, Any]]:

@@ -112,6 +112,9 @@ class Tool:
     idempotent: bool = False
     read_only: bool = False
     retries: int = 0
+    # What the tool's author declares, exported as MCP's `readOnlyHint` (tasks.tool_export);
+    # None: `read_only`. Only `read_only` changes how the agent loop runs the tool.
+    read_only_hint: bool | None = None
     timeout_s: float | None = None
     enum_params: Mapping[str, type] = field(default_factory=dict)
 
@@ -172,13 +175,16 @@ class Tool:
 
 
 def as_tool_result(value: Any) -> ToolResult:
-    """Normalise what a tool returned: str, `ToolResult`, `ExecResult`, None or JSON data."""
+    """Normalise what a tool returned: str, bytes (read as UTF-8, undecodable bytes shown as
+    U+FFFD, as a sandbox command's output is), `ToolResult`, `ExecResult`, None or JSON data."""
     if isinstance(value, ToolResult):
         return value
     if isinstance(value, ExecResult):
         return exec_observation(value)
     if isinstance(value, str):
         return ToolResult(text=value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return ToolResult(text=bytes(value).decode("utf-8", errors="replace"))
     if value is None:
         return ToolResult(text="(no output)")
     try:

@@ -86,7 +86,8 @@ def test_embedded_generate_sends_the_schema_and_decodes_the_reply_exactly():
 
 def test_a_malformed_reply_names_the_route_and_the_field():
     def handler(request: httpx.Request) -> httpx.Response:
-        reply = encode_generate_reply(RESULT, request_id="r")
+        body = GenerateBody.model_validate(json.loads(request.content))
+        reply = encode_generate_reply(RESULT, request_id=body.request_id)
         return httpx.Response(200, json=reply | {"weights_versions": reply["kv_versions"][:4]})
 
     with pytest.raises(EngineError, match=r"stalewise engine at http://engine.test/stalewise/"

@@ -17,9 +17,22 @@ used on both sides, the servers may be written with any SDK (the tests use the o
 
 What the model sees: a `tools/call` result's text content (other content kinds summarised);
 `isError: true` becomes an `Error: ...` observation (`error_type = tool_error`); a server that
-exits or does not answer in time becomes an observation saying so (`mcp_server_exited`,
-`timeout`), recorded like every tool call, and the next call starts a fresh server. A server
+exits, does not answer in time or answers with more than `max_reply_mb` becomes an observation
+saying so (`mcp_server_exited`, `timeout`, `mcp_reply_too_large`), recorded like every tool
+call, and the next call starts a fresh server. A server that exited says what it wrote to
+stderr since this request was sent (its last line), or that it wrote nothing during this call;
+one that stays silent says how many lines it wrote on stdout that were not a JSON-RPC reply to
+the request (stdout must carry only JSON-RPC messages). A reply within `max_reply_mb` reaches
+the client whole: in the sandbox, one too long for the exec's output cap is handed over in a
+file. A server
 that cannot even be started or listed when the job starts stops the job with one line.
+
+Annotations: `readOnlyHint` is exported with the tool (`Tool.read_only_hint`, so `stalewise
+tasks tools --format mcp` says what the server says), but the agent loop never runs an MCP tool
+concurrently with others because of it (`Tool.read_only` stays False): read-only calls of one
+turn run at the same time, and a server's hint is a hint, by MCP's own rules not to be trusted
+from an untrusted server, so a wrong one would reorder what the model asked for.
+`idempotentHint` only allows retries after a sandbox failure.
 """
 
 from __future__ import annotations
@@ -51,8 +64,10 @@ _CONTEXT = "__stalewise_ctx"
 
 
 # The agent loop's own time limit on an MCP tool call is only a backstop: the client's limit
-# (`timeout_s`) fires first and says which server did not answer.
+# (`timeout_s`) fires first and says which server did not answer. In the sandbox the client
+# itself watches `timeout_s`; its exec gets a margin, so the client can still say what it saw.
 BACKSTOP_MARGIN_S = 10.0
+CLIENT_MARGIN_S = 5.0
 
 
 class McpServerConfig(ConfigSection):
@@ -66,6 +81,9 @@ class McpServerConfig(ConfigSection):
     prefix: str = Field("", description="prepended to every tool name (to avoid clashes)")
     timeout_s: float = Field(60.0, gt=0, description="time limit of one tools/call")
     startup_timeout_s: float = Field(30.0, gt=0, description="time limit of start + initialize")
+    max_reply_mb: float = Field(16.0, gt=0, le=64, description="largest answer accepted (MiB, "
+                                "at most what one sandbox read hands over); a larger one is an "
+                                "error observation and the server is restarted")
 
     @field_validator("name")
     @classmethod
@@ -77,6 +95,10 @@ class McpServerConfig(ConfigSection):
     @property
     def label(self) -> str:
         return self.name or re.sub(r"[^A-Za-z0-9_-]", "_", self.command[0].rsplit("/", 1)[-1])
+
+    @property
+    def max_reply_bytes(self) -> int:
+        return int(self.max_reply_mb * 2**20)
 
 
 class ToolsConfig(ConfigSection):
@@ -128,7 +150,7 @@ class Connection(ABC):
         try:
             reply = await self.exchange(message, timeout_s)
         except McpError as err:
-            if err.kind in ("mcp_server_exited", "timeout"):
+            if err.kind in _RESTART:
                 self.ready = False  # the next call starts a fresh server
                 await self.stop()
             raise
@@ -138,7 +160,9 @@ class Connection(ABC):
                            f"{error.get('code')}: {error.get('message')}")
         result = reply.get("result")
         if not isinstance(result, dict):
-            raise McpError(f"MCP server {self.server.label} sent no result for {method}")
+            raise McpError(f"MCP server {self.server.label} answered {method} with a result "
+                           f"that is {type(result).__name__} {_shown(result)}, not an object: "
+                           f"not an MCP answer; fix the server")
         return result
 
     @abstractmethod
@@ -162,14 +186,45 @@ class Connection(ABC):
             await self.stop()
 
 
+# Errors after which the server's stdout cannot be trusted to be in step: start a fresh one.
+_RESTART = ("mcp_server_exited", "timeout", "mcp_reply_too_large")
+
+
+class _Ignored:
+    """Lines a server wrote on stdout while a request waited that are not a reply to it."""
+
+    def __init__(self) -> None:
+        self.count, self.last = 0, b""
+
+    def note(self, line: bytes) -> None:
+        self.count += 1
+        self.last = line
+
+    def said(self) -> str:
+        if not self.count:
+            return ""
+        return (f"; it wrote {self.count} line(s) on stdout that are not a JSON-RPC reply to "
+                f"it (the last: {self.last[:200].decode(errors='replace')!r}): stdout must "
+                f"carry only JSON-RPC messages")
+
+
+def _too_large(server: McpServerConfig, method: str) -> McpError:
+    return McpError(f"MCP server {server.label} sent more than {server.max_reply_mb:g} MiB "
+                    f"without finishing its answer to {method}; it was stopped (the next call "
+                    f"starts a fresh one): make the tool answer less or raise [[tools.mcp]] "
+                    f"max_reply_mb", "mcp_reply_too_large")
+
+
 class HostConnection(Connection):
     """A trusted server as a child process of this process."""
 
     def __init__(self, server: McpServerConfig) -> None:
         super().__init__(server)
         self.process: anyio.abc.Process | None = None
-        self.buffer = b""
+        self.buffer = bytearray()
+        self.scanned = 0  # bytes of `buffer` known to hold no newline
         self.stderr: IO[bytes] | None = None
+        self.stderr_mark = 0  # size of its stderr when the current request was sent
 
     async def start(self) -> None:
         self.stderr = tempfile.TemporaryFile()  # a file, so a chatty server never blocks
@@ -179,46 +234,62 @@ class HostConnection(Connection):
         except OSError as err:
             raise McpError(f"MCP server {self.server.label}: cannot start "
                            f"{self.server.command}: {err}", "mcp_server_exited") from err
-        self.buffer = b""
+        self.buffer, self.scanned = bytearray(), 0
 
     async def _send(self, message: dict[str, Any]) -> None:
         assert self.process is not None and self.process.stdin is not None
+        if self.stderr is not None:
+            self.stderr_mark = os.fstat(self.stderr.fileno()).st_size
         try:
             await self.process.stdin.send(json.dumps(message).encode() + b"\n")
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            raise await self._exited() from None
+            raise await self._exited(message["method"]) from None
 
     async def notify(self, method: str) -> None:
         await self._send({"jsonrpc": "2.0", "method": method})
 
     async def exchange(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         await self._send(message)
-        assert self.process is not None and self.process.stdout is not None
+        ignored = _Ignored()
         with anyio.move_on_after(timeout_s) as scope:
             while True:
-                while b"\n" in self.buffer:
-                    line, self.buffer = self.buffer.split(b"\n", 1)
-                    reply = _reply_to(line, message["id"])
-                    if reply is not None:
-                        return reply
-                try:
-                    self.buffer += await self.process.stdout.receive(65536)
-                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    raise await self._exited() from None
+                reply = _reply_to(await self._line(message["method"]), message["id"], ignored)
+                if reply is not None:
+                    return reply
         assert scope.cancelled_caught
         raise McpError(f"MCP server {self.server.label} did not answer {message['method']} "
-                       f"within {timeout_s:g}s", "timeout")
+                       f"within {timeout_s:g}s{ignored.said()}", "timeout")
 
-    async def _exited(self) -> McpError:
+    async def _line(self, method: str) -> bytes:
+        """The next line of the server's stdout (each byte is looked at once, so a long answer
+        costs its length), or `mcp_reply_too_large` once it passes `max_reply_mb`."""
+        assert self.process is not None and self.process.stdout is not None
+        while True:
+            end = self.buffer.find(b"\n", self.scanned)
+            if end >= 0:
+                line = bytes(self.buffer[:end])
+                del self.buffer[:end + 1]
+                self.scanned = 0
+                return line
+            self.scanned = len(self.buffer)
+            if self.scanned > self.server.max_reply_bytes:
+                raise _too_large(self.server, method)
+            try:
+                self.buffer += await self.process.stdout.receive(1 << 20)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                raise await self._exited(method) from None
+
+    async def _exited(self, method: str) -> McpError:
         assert self.process is not None
         with anyio.move_on_after(2):
             await self.process.wait()
         stderr = b""
-        if self.stderr is not None:
-            self.stderr.seek(0)
-            stderr = self.stderr.read()[-2000:]
-        return McpError(_exited_text(self.server.label, self.process.returncode, stderr.decode(
-            errors="replace")), "mcp_server_exited")
+        if self.stderr is not None:  # what it wrote since this request was sent, the end of it
+            self.stderr.seek(max(self.stderr_mark, os.fstat(self.stderr.fileno()).st_size - 2000))
+            stderr = self.stderr.read()
+        return McpError(_exited_text(self.server.label, self.process.returncode,
+                                     stderr.decode(errors="replace"), method),
+                        "mcp_server_exited")
 
     async def stop(self) -> None:
         process, self.process = self.process, None
@@ -238,26 +309,39 @@ class HostConnection(Connection):
 _LAUNCH = r'''d=$1; shift
 rm -rf "$d" && mkdir -p "$d" && mkfifo "$d/in" "$d/out" || exit 97
 sh -c 'd=$1; shift; exec 3<>"$d/in" 4<>"$d/out"
-  "$@" <&3 >&4 2>"$d/stderr"; echo $? >"$d/status"' sh "$d" "$@" </dev/null >/dev/null 2>&1 &
+  "$@" <&3 >&4 2>"$d/stderr"; echo $? >"$d/status.new"; mv "$d/status.new" "$d/status"' \
+  sh "$d" "$@" </dev/null >/dev/null 2>&1 &
 echo $! >"$d/pid"
 '''
 _CLIENT = r'''
 import json, os, select, sys, time
 d, send, want = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+limit, cap = float(sys.argv[4]), int(sys.argv[5])
+err = os.path.join(d, "stderr")
+def size():
+    try:
+        return os.path.getsize(err)
+    except OSError:
+        return 0
+mark = size()  # what the server wrote to stderr before this request is not about it
 def status():
     try:
         with open(os.path.join(d, "status")) as f:
             return f.read().strip() or "?"
     except OSError:
         return None
-def exited():
-    try:
-        with open(os.path.join(d, "stderr"), "rb") as f:
-            tail = f.read()[-2000:].decode("utf-8", "replace")
-    except OSError:
-        tail = ""
-    print(json.dumps({"exited": status(), "stderr": tail}))
+def answer(value):
+    print(json.dumps(value))
     sys.exit(0)
+def exited():
+    tail = ""
+    try:
+        with open(err, "rb") as f:
+            f.seek(max(mark, size() - 2000))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        pass
+    answer({"exited": status(), "stderr": tail})
 if status() is not None:
     exited()
 fd = os.open(os.path.join(d, "in"), os.O_WRONLY)
@@ -265,16 +349,19 @@ for message in send:
     os.write(fd, (json.dumps(message) + "\n").encode())
 os.close(fd)
 if want is None:
-    print("{}")
-    sys.exit(0)
+    answer({})
 fd = os.open(os.path.join(d, "out"), os.O_RDONLY | os.O_NONBLOCK)
-buf = b""
+buf, scanned, ignored, last = bytearray(), 0, 0, b""
+deadline = time.monotonic() + limit
 while True:
+    if time.monotonic() > deadline:
+        answer({"silent": True, "ignored": ignored,
+                "last": last[:200].decode("utf-8", "replace")})
     ready = select.select([fd], [], [], 0.1)[0]
     chunk = b""
     if ready:
         try:
-            chunk = os.read(fd, 65536)
+            chunk = os.read(fd, 1 << 20)
         except BlockingIOError:
             chunk = b""
     if not chunk:
@@ -284,16 +371,29 @@ while True:
             time.sleep(0.05)
         continue
     buf += chunk
-    while b"\n" in buf:
-        line, buf = buf.split(b"\n", 1)
+    while True:
+        end = buf.find(b"\n", scanned)
+        if end < 0:
+            scanned = len(buf)
+            break
+        line = bytes(buf[:end])
+        del buf[:end + 1]
+        scanned = 0
         try:
             reply = json.loads(line)
         except ValueError:
-            continue
+            reply = None
         if isinstance(reply, dict) and reply.get("id") == want and (
                 "result" in reply or "error" in reply):
-            print(json.dumps({"reply": reply}))
-            sys.exit(0)
+            if len(line) <= 512:
+                answer({"reply": reply})
+            with open(os.path.join(d, "reply"), "wb") as f:  # too long for the exec's output
+                f.write(line)
+            answer({"reply_file": os.path.join(d, "reply")})
+        if not (isinstance(reply, dict) and "method" in reply):
+            ignored, last = ignored + 1, line
+    if scanned > cap:
+        answer({"too_large": scanned})
 '''
 
 
@@ -318,9 +418,10 @@ class SandboxConnection(Connection):
 
     async def _client(self, send: list[dict[str, Any]], want: int | None,
                       timeout_s: float, method: str) -> dict[str, Any]:
-        result = await self.sandbox.exec(
-            ["python3", "-I", "-S", "-c", _CLIENT, self.dir, json.dumps(send), json.dumps(want)],
-            timeout=timeout_s)
+        result = await self.sandbox.exec(  # the client's own limit fires first and says more
+            ["python3", "-I", "-S", "-c", _CLIENT, self.dir, json.dumps(send), json.dumps(want),
+             repr(timeout_s), str(self.server.max_reply_bytes)],
+            timeout=timeout_s + CLIENT_MARGIN_S)
         if result.error_type == "container_died":
             raise SandboxError(result.error_message or "the sandbox died during an MCP call")
         if result.timed_out:
@@ -333,8 +434,15 @@ class SandboxConnection(Connection):
                            f"{', output truncated' if result.truncated else ''}): "
                            f"{(result.stderr or result.stdout).strip()[-300:]}") from None
         if "exited" in answer:
-            raise McpError(_exited_text(self.server.label, answer["exited"], answer["stderr"]),
-                           "mcp_server_exited")
+            raise McpError(_exited_text(self.server.label, answer["exited"], answer["stderr"],
+                                        method), "mcp_server_exited")
+        if "silent" in answer:
+            ignored = _Ignored()
+            ignored.count, ignored.last = int(answer["ignored"]), str(answer["last"]).encode()
+            raise McpError(f"MCP server {self.server.label} did not answer {method} within "
+                           f"{timeout_s:g}s{ignored.said()}", "timeout")
+        if "too_large" in answer:
+            raise _too_large(self.server, method)
         return answer
 
     async def notify(self, method: str) -> None:
@@ -343,6 +451,12 @@ class SandboxConnection(Connection):
 
     async def exchange(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         answer = await self._client([message], message["id"], timeout_s, message["method"])
+        if "reply_file" in answer:
+            reply = _reply_to(await self.sandbox.read_file(answer["reply_file"]), message["id"])
+            if reply is None:
+                raise McpError(f"MCP client in the sandbox lost the answer to "
+                               f"{message['method']} ({answer['reply_file']} was changed)")
+            return reply
         return dict(answer["reply"])
 
     async def stop(self) -> None:
@@ -354,21 +468,32 @@ class SandboxConnection(Connection):
             pass  # the sandbox is gone, and the server with it
 
 
-def _reply_to(line: bytes, want: int) -> dict[str, Any] | None:
+def _reply_to(line: bytes, want: int, ignored: _Ignored | None = None) -> dict[str, Any] | None:
+    """The reply to request `want` in `line`, else None; a line that is neither that reply
+    nor a message of the server's own (a notification or request) is noted in `ignored`."""
     try:
         reply = json.loads(line)
     except ValueError:
-        return None
+        reply = None
     if isinstance(reply, dict) and reply.get("id") == want and (
             "result" in reply or "error" in reply):
         return reply
+    if ignored is not None and not (isinstance(reply, dict) and "method" in reply):
+        ignored.note(line)
     return None
 
 
-def _exited_text(label: str, status: Any, stderr: str) -> str:
+def _exited_text(label: str, status: Any, stderr: str, method: str) -> str:
+    """Why a call failed: the server exited; `stderr` is what it wrote since the request."""
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    said = f"; its last words: {lines[-1].strip()[:300]}" if lines else ""
-    return f"MCP server {label} exited (status {status}){said}"
+    said = (f"; its last words on stderr: {lines[-1].strip()[:300]}" if lines
+            else "; it wrote nothing to stderr during this call")
+    return f"MCP server {label} exited (status {status}) before answering {method}{said}"
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def connect(server: McpServerConfig, sandbox: Sandbox) -> Connection:
@@ -420,10 +545,13 @@ def mcp_tool(server: McpServerConfig, listed: Mapping[str, Any]) -> Tool:
         return observation(result)
 
     annotations = listed.get("annotations") if isinstance(listed.get("annotations"), dict) else {}
+    hint = annotations.get("readOnlyHint")
     return Tool(name=name, description=str(listed.get("description") or remote),
                 parameters=dict(schema), fn=call, context_param=_CONTEXT,
-                read_only=False, idempotent=bool(annotations.get("idempotentHint", False)),
-                timeout_s=server.timeout_s + BACKSTOP_MARGIN_S)
+                read_only=False,  # never trusted at run time (module docstring, Annotations)
+                read_only_hint=hint if isinstance(hint, bool) else None,
+                idempotent=bool(annotations.get("idempotentHint", False)),
+                timeout_s=server.timeout_s + BACKSTOP_MARGIN_S + CLIENT_MARGIN_S)
 
 
 async def list_tools(server: McpServerConfig, sandbox: Sandbox) -> list[dict[str, Any]]:

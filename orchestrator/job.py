@@ -41,6 +41,7 @@ from orchestrator.writer import running_writer
 from stalewise.config import JobConfig
 from stalewise.log import bind_run, configure_logging, get_logger
 from stalewise.store import audit
+from stalewise.store.outage import Outage, first_line
 from stalewise.store.store import Store
 from stalewise.tokenizer import load_tokenizer
 from tasks.api import TaskFamily
@@ -231,18 +232,23 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
                                       log=log.warning)
         summary = await _main(job, store, run_id, run_dir, model_dir, engine_proc, learner_proc,
                               version, resume is not None)
-        store.set_run_status(run_id, "finished", summary=summary)
+        if not await _record_status(job, store, run_id, "finished", summary=summary):
+            return 1
         log.info("run finished", report=str(run_dir / "report.md"))
         return 0
     except BaseException as exc:  # record the failure, then let cancellation propagate
-        if "signal" in outcome:
-            store.set_run_status(run_id, "aborted", error=f"terminated by {outcome['signal']}; "
-                                 f"continue with: stalewise run --resume {run_id} CONFIG")
-            log.error("run aborted", signal=outcome["signal"])
-            raise
-        message = describe_failure(exc)
-        store.set_run_status(run_id, "failed", error=message + "\n" + traceback.format_exc())
-        log.error("run failed", error=message)
+        with anyio.CancelScope(shield=True):
+            if "signal" in outcome:
+                await _record_status(job, store, run_id, "aborted", error=(
+                    f"terminated by {outcome['signal']}; continue with: stalewise run "
+                    f"--resume {run_id} CONFIG"))
+                log.error("run aborted", signal=outcome["signal"])
+                raise
+            message = describe_failure(exc)
+            await _record_status(job, store, run_id, "failed",
+                                 error=message + "\n" + traceback.format_exc())
+            log.error("run failed", error=message,
+                      resume=f"stalewise run --resume {run_id} CONFIG")
         if isinstance(exc, Exception):
             return 1
         raise
@@ -253,6 +259,27 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
                     proc.stop()
             await anyio.to_thread.run_sync(_remove_containers, job, run_id)
             store.close()
+
+
+async def _record_status(job: JobConfig, store: Store, run_id: str, status: str,
+                         **values) -> bool:
+    """Record the run's status, riding out a store that cannot write for a while
+    (`run.store_outage_s`); False, with a log line instead of a traceback, when it never can
+    (the status stays `running`, which `--resume` accepts once this process is gone)."""
+    outage = Outage(job.run.store_outage_s)
+    while True:
+        try:
+            await anyio.to_thread.run_sync(lambda: store.set_run_status(run_id, status, **values))
+            return True
+        except Exception as exc:
+            try:
+                delay = outage.failed(exc)
+            except Exception:
+                log.error("could not record the run's status in the store", status=status,
+                          error=first_line(exc),
+                          resume=f"stalewise run --resume {run_id} CONFIG")
+                return False
+            await anyio.sleep(delay)
 
 
 async def with_job_tools(family: TaskFamily, job: JobConfig, run_id: str) -> TaskFamily:
@@ -322,7 +349,8 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
             job.engine, single_url=single_url, version=version,
             local=engine_proc if isinstance(engine_proc, (LocalReplicas, RayEngines)) else None))
         await client.wait_ready(job.engine.startup_timeout_s)
-        writer = await stack.enter_async_context(running_writer(store))  # outlives the rest
+        writer = await stack.enter_async_context(  # it outlives the rest
+            running_writer(store, outage_s=job.run.store_outage_s))
         pools = PoolSet(job.sandbox, run_id)
         pipeline = Pipeline(run_id=run_id, cfg=job, store=store, writer=writer, engine=client,
                             weights=client, family=family, chat_format=chat_format,

@@ -45,6 +45,7 @@ from sandboxes.api import Sandbox, SandboxSpec
 from stalewise.config import JobConfig
 from stalewise.engine_api import InferenceEngine, KvPolicy, SamplingParams, UpdateMode
 from stalewise.log import bind_trajectory, get_logger
+from stalewise.store.outage import Outage
 from stalewise.store.store import Store
 from tasks.api import TaskFamily, TaskInstance
 from tasks.chat.base import ChatFormat
@@ -272,8 +273,14 @@ class Pipeline:
     async def _watch_learner(self) -> None:
         inflight = self.cfg.pipeline.mode == "inflight"
         mode: UpdateMode = "inflight" if inflight else self.async_updates
+        outage = Outage(self.cfg.run.store_outage_s)
         while True:
-            await self._refresh_learner()
+            try:
+                await self._refresh_learner()
+            except Exception as exc:  # a store that cannot answer for a while is read again
+                await anyio.sleep(outage.failed(exc))
+                continue
+            outage.recovered()
             if self.done():
                 self._notify()  # a spent budget changes nothing else the drivers wait on
             if self.cfg.pipeline.mode != "sync" and self.learner.version > self.engine_version:

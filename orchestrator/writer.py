@@ -12,6 +12,8 @@ submitted after them (so an admitted trajectory's calls are committed with or be
 stream entry); `flush()` returns once everything submitted before it is committed; when `run`
 ends (closing or cancellation) it writes whatever is pending, so no recorded data is lost when
 the job shuts down. Memory is bounded: `put_*` waits when `max_pending` rows are queued.
+A store that cannot write for a while (disk full, PostgreSQL restarting) is tried again, with
+backoff, for up to `outage_s`, while the rows wait in memory; then the writer fails.
 
 Lifetime: `running_writer(store)` is the writer of a job. It outlives the body of its `async
 with`: a cancellation from outside does not stop it; it stops when the body has ended (and with
@@ -29,9 +31,12 @@ import anyio
 from anyio.abc import TaskStatus
 from sqlalchemy import Connection
 
+from stalewise.log import get_logger
+from stalewise.store.outage import Outage, StoreUnavailable
 from stalewise.store.store import Store
 
 T = TypeVar("T")
+log = get_logger("stalewise.writer")
 
 
 class WriterStopped(RuntimeError):
@@ -47,8 +52,10 @@ class _Work:
 
 
 class StoreWriter:
-    def __init__(self, store: Store, *, max_delay_s: float = 0.05, max_pending: int = 20_000) -> None:
+    def __init__(self, store: Store, *, max_delay_s: float = 0.05, max_pending: int = 20_000,
+                 outage_s: float = 120.0) -> None:
         self.store = store
+        self.outage_s = outage_s
         self.max_delay_s = max_delay_s
         self.max_pending = max_pending
         self._model_calls: list[dict[str, Any]] = []
@@ -137,7 +144,7 @@ class StoreWriter:
         target = self._submitted
         try:
             if model_calls or tool_calls or updates or work:
-                results = await anyio.to_thread.run_sync(lambda: self.store.write_batch(
+                results = await self._riding_out_outages(lambda: self.store.write_batch(
                     model_calls=model_calls, tool_calls=tool_calls, trajectory_updates=updates,
                     then=[item.work for item in work]))
                 self.transactions += 1
@@ -145,13 +152,13 @@ class StoreWriter:
                 for item, result in zip(work, results):
                     item.result = result
         except Exception as exc:
-            if not work:
+            if not work or isinstance(exc, StoreUnavailable):
                 raise
             # The work broke the transaction: keep the rows (write them alone; if even that
             # fails the job fails), and hand the error to the work's callers.
             for item in work:
                 item.error = exc
-            await anyio.to_thread.run_sync(lambda: self.store.write_batch(
+            await self._riding_out_outages(lambda: self.store.write_batch(
                 model_calls=model_calls, tool_calls=tool_calls, trajectory_updates=updates))
             self.rows_written += len(model_calls) + len(tool_calls) + len(updates)
         finally:
@@ -163,6 +170,27 @@ class StoreWriter:
             self._room.notify_all()
         async with self._written:
             self._written.notify_all()
+
+    async def _riding_out_outages(self, write: Callable[[], T]) -> T:
+        """`write()` in a worker thread, tried again while the store is briefly unavailable
+        (`stalewise.store.outage`) for up to `outage_s`; the rows wait in memory meanwhile
+        (and `put_*` waits once `max_pending` are queued)."""
+        outage = Outage(self.outage_s)
+        while True:
+            try:
+                result = await anyio.to_thread.run_sync(write)
+            except StoreUnavailable as exc:
+                first = not outage.started
+                delay = outage.failed(exc)
+                if first:
+                    log.warning("the store cannot write; the rows wait in memory and the write "
+                                "is tried again", error=str(exc), for_up_to_s=self.outage_s)
+                await anyio.sleep(delay)
+                continue
+            lasted = outage.recovered()
+            if lasted is not None:
+                log.warning("the store writes again", outage_s=round(lasted, 1))
+            return result
 
     def close(self) -> None:
         """Stop `run` once it has written what is pending (it ends by itself; not awaited)."""

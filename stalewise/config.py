@@ -33,6 +33,10 @@ class RunConfig(Section):
     seed: int = 0
     log_format: Literal["auto", "console", "json"] = "auto"
     progress_every_s: float = Field(5.0, gt=0, description="plain progress line period (no TTY)")
+    store_outage_s: float = Field(
+        120.0, ge=0, description="how long the orchestrator keeps retrying a store that cannot "
+                                 "answer (disk full, PostgreSQL restarting) before the run fails; "
+                                 "recorded rows wait in memory meanwhile")
 
 
 class ModelConfig(Section):

@@ -23,10 +23,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 from sqlalchemy import Connection, Engine, bindparam, func, insert, select, text, update
+from sqlalchemy.exc import DBAPIError
 
 from stalewise.records import FLOAT32, INT32, UINT8, SampledTokens, pack, unpack
 from stalewise.store import schema as s
 from stalewise.store.db import DEFAULT_URL, normalize_url, open_readonly_engine, open_store_engine
+from stalewise.store.outage import StoreUnavailable, transient
 
 
 def now() -> float:
@@ -301,10 +303,21 @@ class Store:
                     then: Sequence[Callable[[Connection], Any]] = ()) -> list[Any]:
         """Model calls, tool calls, trajectory updates, then the `then` callables (in order), all
         in one transaction; returns the callables' results. Model-call and tool-call rows (from
-        `model_call_row` and the recorder) take the raw insert path."""
-        with self.engine.begin() as c:
-            self._write_rows(c, model_calls, tool_calls, trajectory_updates)
-            return [work(c) for work in then]
+        `model_call_row` and the recorder) take the raw insert path. A transient failure (disk
+        full, server gone: `outage.transient`) raises `StoreUnavailable`, saying whether the
+        transaction can be retried."""
+        body_done = False
+        try:
+            with self.engine.begin() as c:
+                self._write_rows(c, model_calls, tool_calls, trajectory_updates)
+                results = [work(c) for work in then]
+                body_done = True
+        except DBAPIError as exc:
+            if not transient(exc):
+                raise
+            sqlite = self.engine.dialect.name == "sqlite"  # a failed COMMIT there is rolled back
+            raise StoreUnavailable(exc, retry_safe=not body_done or sqlite) from exc
+        return results
 
     @staticmethod
     def _write_rows(c: Connection, model_calls: Sequence[dict[str, Any]],

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 
 import anyio
 import numpy as np
 import pytest
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from orchestrator.writer import StoreWriter, WriterStopped, running_writer
 from stalewise.records import SampledTokens
+from stalewise.store.outage import Outage, StoreUnavailable, transient
 from stalewise.store.store import Store, model_call_row
 
 
@@ -155,3 +158,63 @@ def test_after_a_failed_write_every_submission_names_the_failure(sqlite_url):
         anyio.run(main)
     assert group.value.subgroup(lambda e: "FOREIGN KEY" in str(e)) is not None
     assert len(refused) == 3 and all("has stopped: IntegrityError" in t for t in refused)
+
+
+class _DiskFullFor:
+    """The store, whose first `failures` batch writes fail as a full disk does (fake by
+    injection: the real disk-full case is bench/soak.py's `disk_full` fault)."""
+
+    def __init__(self, store: Store, failures: int) -> None:
+        self.store, self.failures, self.tries = store, failures, 0
+
+    def write_batch(self, **batch):
+        self.tries += 1
+        if self.tries <= self.failures:
+            error = OperationalError("INSERT", {}, sqlite3.OperationalError(
+                "database or disk is full"))
+            raise StoreUnavailable(error, retry_safe=True)
+        return self.store.write_batch(**batch)
+
+
+def test_the_writer_rides_out_a_store_that_cannot_write_for_a_while(sqlite_url):
+    store, tid = _store(sqlite_url)
+    flaky = _DiskFullFor(store, failures=3)
+
+    async def main():
+        async with running_writer(flaky, max_delay_s=0.0, outage_s=60.0) as writer:
+            await writer.put_model_call(_row(tid, 0))
+            await writer.flush()
+
+    anyio.run(main)
+    assert flaky.tries == 4 and [c.turn for c in store.model_calls(tid)] == [0]
+
+
+def test_an_outage_longer_than_outage_s_fails_the_writer_saying_why(sqlite_url):
+    store, tid = _store(sqlite_url)
+    flaky = _DiskFullFor(store, failures=10**6)
+
+    async def main():
+        async with running_writer(flaky, max_delay_s=0.0, outage_s=1.0) as writer:
+            await writer.put_model_call(_row(tid, 0))
+            await anyio.sleep_forever()
+
+    with pytest.raises(BaseExceptionGroup) as group:
+        anyio.run(main)
+    assert group.value.subgroup(
+        lambda e: "the store cannot write now: database or disk is full" in str(e)) is not None
+
+
+def test_transient_store_errors_are_told_from_errors_a_retry_cannot_fix():
+    def wrapped(error, kind=OperationalError, invalidated=False):
+        return kind("SQL", {}, error, connection_invalidated=invalidated)
+
+    assert transient(wrapped(sqlite3.OperationalError("database or disk is full")))
+    assert transient(wrapped(sqlite3.OperationalError("database is locked")))
+    assert not transient(wrapped(sqlite3.OperationalError("no such table: runs")))
+    assert not transient(wrapped(sqlite3.IntegrityError("FOREIGN KEY constraint failed"),
+                                 IntegrityError))
+    assert transient(wrapped(RuntimeError("server closed the connection"), invalidated=True))
+    assert not transient(ValueError("not a database error"))
+    outage = Outage(10.0, clock=lambda: 0.0)
+    with pytest.raises(StoreUnavailable):
+        outage.failed(StoreUnavailable(wrapped(RuntimeError("lost")), retry_safe=False))

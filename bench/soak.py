@@ -452,58 +452,44 @@ def loads(directory: Path) -> bool:
 # ---------------------------------------------------------------------------- set-up
 
 def job_config(work: Path, model: Path, db_url: str, steps: int) -> Path:
+    """configs/soak.toml with this soak's store, folders, model and steps."""
     config = work / "soak.toml"
-    config.write_text(f"""
+    config.write_text(f"""extends = "{ROOT / 'configs' / 'soak.toml'}"
+
 [run]
-name = "soak"
 db_url = "{db_url}"
 output_dir = "{work}/runs"
-progress_every_s = 5.0
 
 [model]
 path = "{model}"
 create_tiny = false
-chat_format = "hermes"
-tool_listing = "none"
-
-[tasks]
-family = "arith"
-options = {{ max_ops = 1 }}
-eval_instances = 0
-
-[rollout]
-group_size = 2
-max_concurrent = 6
-max_tokens_per_turn = 24
-
-[sandbox]
-pool_size = 2
-max_live = 8
-
-[learner]
-batch_size = 4
-micro_batch_size = 4
-keep_checkpoints = {steps + 1}
 
 [pipeline]
-mode = "inflight"
 steps = {steps}
 """)
     return config
 
 
+PG_ADMIN_URL = os.environ.get("STALEWISE_TEST_PG_URL",
+                              "postgresql+psycopg://postgres@127.0.0.1:54329/stalewise_test")
+
+
+def postgres(statement: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as c:
+            c.execute(text(statement))
+    finally:
+        admin.dispose()
+
+
 def store_url(args, work: Path) -> tuple[str, Path | None]:
     if args.db == "postgres":
-        base = os.environ.get("STALEWISE_TEST_PG_URL",
-                              "postgresql+psycopg://postgres@127.0.0.1:54329/stalewise_test")
         name = f"soak_{args.seed}_{uuid.uuid4().hex[:8]}"
-        from sqlalchemy import create_engine, text
-
-        admin = create_engine(base, isolation_level="AUTOCOMMIT")
-        with admin.connect() as c:
-            c.execute(text(f"CREATE DATABASE {name}"))
-        admin.dispose()
-        return base.rsplit("/", 1)[0] + "/" + name, None
+        postgres(f"CREATE DATABASE {name}")
+        return PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name, None
     store_dir = work / "store"
     store_dir.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={STORE_TMPFS_MB}m", "tmpfs",
@@ -519,7 +505,7 @@ def soak(args) -> int:
     if unknown:
         raise SystemExit(f"soak: unknown fault kinds {sorted(unknown)}; choose from {KINDS}")
     plan = fault_plan(rng, args.faults, kinds)
-    steps = 8 * args.faults + 20  # a fault every one to three steps and its recovery, a tail
+    steps = 6 * args.faults + 20  # a fault every one to three steps and its recovery, a tail
     work = Path(args.keep or tempfile.mkdtemp(prefix="soak-", dir="/var/tmp"))
     work.mkdir(parents=True, exist_ok=True)
     docker_dir = Path(tempfile.mkdtemp(prefix="swk-", dir="/tmp"))
@@ -567,6 +553,8 @@ def soak(args) -> int:
             subprocess.run(["umount", "-l", str(store_dir)], check=False)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+            if job is not None and args.db == "postgres":
+                postgres(f"DROP DATABASE IF EXISTS {job.db_url.rsplit('/', 1)[1]} WITH (FORCE)")
     for check in checks:
         print(f"  [{'ok' if check.held else 'BROKEN'}] {check.name}: {check.detail}")
     survived = len(faults) == args.faults and failure is None and checks and checks[0].held

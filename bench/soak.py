@@ -138,6 +138,12 @@ def learner_steps(job: Job) -> int:
     return read_store(job, steps, default=-1)
 
 
+def run_error(job: Job) -> str:
+    """The first line of the error the run recorded when it stopped."""
+    error = read_store(job, lambda store: store.run(job.run_id).error, default=None)
+    return (error or "no error recorded").strip().splitlines()[0][:240]
+
+
 def run_status(job: Job) -> str | None:
     return read_store(job, lambda store: store.run(job.run_id).status if job.run_id else None)
 
@@ -160,7 +166,8 @@ def keep_going(job: Job, until: Callable[[], bool], max_resumes: int) -> None:
                 raise SoakFailed(f"the job stopped {job.resumes + 1} times; the last time with "
                                  f"code {code} (see {job.work}/job-{job.resumes}.log)")
             job.resumes += 1
-            job.say(f"job exited ({code}); stalewise run --resume {job.run_id}")
+            why = "" if code == -signal.SIGKILL else f": {run_error(job)}"
+            job.say(f"job exited ({code}){why}; stalewise run --resume {job.run_id}")
             job.start()
         steps = learner_steps(job)
         if steps > last_steps:

@@ -11,6 +11,7 @@ as a child exits on its own, which fails the job's task group and so stops every
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -84,16 +85,42 @@ async def watch(name: str, poll: Callable[[], int | None], log_tail: Callable[[]
         await anyio.sleep(interval_s)
 
 
+class RestartBudget:
+    """At most `max_restarts` restarts within any `window_s` seconds: a child that dies now and
+    then over a long job is always restarted, one that keeps dying is given up on."""
+
+    def __init__(self, max_restarts: int = 3, window_s: float = 600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_restarts, self.window_s, self.clock = max_restarts, window_s, clock
+        self._recent: list[float] = []
+        self.restarts = 0  # in all
+
+    def allow(self) -> bool:
+        """Whether one more restart is within the budget; counts it when it is."""
+        now = self.clock()
+        self._recent = [t for t in self._recent if now - t < self.window_s]
+        if len(self._recent) >= self.max_restarts:
+            return False
+        self._recent.append(now)
+        self.restarts += 1
+        return True
+
+
 class Supervised:
     """A child that is restarted when it dies unexpectedly (the learner: it resumes from its
-    last published checkpoint), at most `max_restarts` times; then `ChildDied` is raised."""
+    last published checkpoint), within a `RestartBudget`; beyond it `ChildDied` is raised."""
 
     def __init__(self, name: str, start: Callable[[], ChildProcess], *,
-                 max_restarts: int = 3, log: Callable[..., None] | None = None) -> None:
-        self.name, self._start, self.max_restarts = name, start, max_restarts
+                 budget: RestartBudget | None = None,
+                 log: Callable[..., None] | None = None) -> None:
+        self.name, self._start = name, start
+        self.budget = budget or RestartBudget()
         self._log = log
-        self.restarts = 0
         self.process = start()
+
+    @property
+    def restarts(self) -> int:
+        return self.budget.restarts
 
     async def run(self, *, expected_exit: Callable[[], bool], interval_s: float = 0.5) -> None:
         while True:
@@ -101,11 +128,13 @@ class Supervised:
             if code is not None:
                 if code == 0 and expected_exit():
                     return
-                if self.restarts >= self.max_restarts:
-                    raise ChildDied(f"the {self.name} process exited with code {code} after "
-                                    f"{self.restarts} restarts; last log lines:\n"
+                if not self.budget.allow():
+                    raise ChildDied(f"the {self.name} process exited with code {code}; it "
+                                    f"died {self.budget.max_restarts + 1} times within "
+                                    f"{self.budget.window_s:.0f} s, more than the "
+                                    f"{self.budget.max_restarts} restarts allowed in that time "
+                                    f"({self.restarts} restarts in all); last log lines:\n"
                                     f"{self.process.log_tail()}")
-                self.restarts += 1
                 if self._log is not None:
                     self._log(f"{self.name} exited; restarting", code=code, restart=self.restarts)
                 self.process = self._start()

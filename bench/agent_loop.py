@@ -62,8 +62,8 @@ def prepare(fmt_kind: str, suite: str, trajectories: int, group_size: int,
             longhaul_k: tuple[int, int]) -> Setup:
     import anyio
 
+    from core.tiny_tokenizer import build_tiny_tokenizer
     from orchestrator.scripted_engine import LatencyModel, ScriptedEngine, turns_from_texts
-    from stalewise.tiny_tokenizer import build_tiny_tokenizer
     from tasks.chat import make_chat_format
     from tasks.suites import arith, longhaul
     from tasks.testing import FakeSandbox
@@ -90,10 +90,10 @@ def prepare(fmt_kind: str, suite: str, trajectories: int, group_size: int,
 
 def measure_loop(setup: Setup, concurrency: int) -> tuple[float, float, int]:
     """(cpu_s, wall_s, turns) of running every trajectory through `run_trajectory`."""
+    from core.engine_api import SamplingParams
     from orchestrator.rollout import run_trajectory, use_sandbox
     from orchestrator.rollout_types import MemoryRecorder
     from orchestrator.scripted_engine import ScriptedEngine
-    from stalewise.engine_api import SamplingParams
 
     engine = ScriptedEngine(**setup.engine_kwargs)
     recorder, params = MemoryRecorder(), SamplingParams(max_tokens=256)
@@ -117,8 +117,8 @@ def measure_loop(setup: Setup, concurrency: int) -> tuple[float, float, int]:
 def measure_fakes(setup: Setup, concurrency: int) -> tuple[float, int]:
     """(cpu_s, turns) of the same engine and tool calls, on prompts that grow the same way,
     driven by a bare loop: the cost of the fakes and their simulated latency."""
+    from core.engine_api import GenerateRequest, SamplingParams
     from orchestrator.scripted_engine import ScriptedEngine
-    from stalewise.engine_api import GenerateRequest, SamplingParams
     from tasks.tools import ToolContext
 
     fmt = setup.chat_format

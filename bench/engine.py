@@ -60,8 +60,8 @@ def prompts(batch: int, prompt_len: int, vocab: int, seed: int) -> list[list[int
 
 async def http_rate(url: str, batch: int, prompt_len: int, new_tokens: int, vocab: int,
                     seed: int, backend: str = "stalewise") -> float:
+    from core.engine_api import GenerateRequest, SamplingParams
     from orchestrator.engine_client import engine_client
-    from stalewise.engine_api import GenerateRequest, SamplingParams
 
     params = SamplingParams(max_tokens=new_tokens)
     async with engine_client(url, ignore_eos=True, backend=backend) as client:
@@ -92,8 +92,8 @@ def core_rate(engine, batch: int, prompt_len: int, new_tokens: int, seed: int) -
 
 async def conversation(url: str, turns: int, *, retain: bool, vocab: int) -> dict[str, float]:
     """A multi-turn trajectory: each turn re-sends the whole context plus a tool result."""
+    from core.engine_api import GenerateRequest, SamplingParams
     from orchestrator.engine_client import engine_client
-    from stalewise.engine_api import GenerateRequest, SamplingParams
 
     context = prompts(1, 64, vocab, seed=7)[0]
     tool_results = prompts(turns, 16, vocab, seed=8)
@@ -117,8 +117,8 @@ def vllm_side_by_side(args: argparse.Namespace, sessions: list[int]) -> None:
     """tokens/s of the embedded engine and of vLLM on `args.model`, through HTTP, in turn."""
     import json
 
-    from engine.launch import EngineProcess, VllmProcess
-    from stalewise.engine_config import EngineServerConfig
+    from config.engine import EngineServerConfig
+    from orchestrator.engine_launch import EngineProcess, VllmProcess
 
     if args.model is None:
         sys.exit("--backend vllm needs --model DIR (a checkpoint vLLM can load, e.g. "
@@ -178,11 +178,11 @@ def main() -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
+    from config.engine import EngineServerConfig
     from engine.checkpoint import load_model
     from engine.core import Engine
-    from engine.launch import EngineProcess
     from engine.tiny import init_tiny
-    from stalewise.engine_config import EngineServerConfig
+    from orchestrator.engine_launch import EngineProcess
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()

@@ -39,9 +39,9 @@ def build_samples(
     model_dir: Path, batch: int, length: int, prompt: int, topk: int, seed: int
 ) -> list:
     """Random token sequences with the model's own top-k as the sampler's, perturbed."""
+    from core.tokenizer import load_tokenizer
     from learner.batch import TrainingSample
     from learner.model import load_policy
-    from stalewise.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     policy = load_policy(model_dir)
@@ -100,8 +100,8 @@ def main() -> None:
     from transformers.utils import logging
 
     logging.disable_progress_bar()
+    from config.learner import LearnerConfig
     from engine.tiny import init_tiny
-    from learner.config import LearnerConfig
     from learner.trainer import Learner
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -197,8 +197,8 @@ def _print_recording(recording: tuple[float, float]) -> None:
 
 def _stored_samples(samples: list, prompt: int, url: str) -> list:
     """The samples as the store source builds them: each a trajectory with one model call."""
-    from stalewise.records import SampledTokens
-    from stalewise.store.store import Store, model_call_row
+    from core.records import SampledTokens
+    from core.store.store import Store, model_call_row
 
     store = Store.open(url, create=True)
     store.create_run("bench", name="bench", config={}, pipeline_mode="async")
@@ -238,10 +238,10 @@ def trainer_logprobs_overhead(model_dir: Path, samples: list, base: dict, prompt
     them from the no-grad pass and writing one row per model call to a real SQLite store.
     Measured inside the same steps (not as a difference of two steps, which the noise of a
     shared machine swamps)."""
-    from learner.config import LearnerConfig
+    from config.learner import LearnerConfig
+    from core.store.store import Store
     from learner.trainer import Learner
     from learner.trainer_logprobs import TrainerLogprobRecorder
-    from stalewise.store.store import Store
 
     url = f"sqlite:///{tmp / 'bench.db'}"
     stored = _stored_samples(samples, prompt, url)

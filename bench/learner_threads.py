@@ -62,8 +62,8 @@ def main() -> None:
     from transformers.utils import logging
 
     logging.disable_progress_bar()
+    from config.learner import LearnerConfig
     from engine.tiny import init_tiny
-    from learner.config import LearnerConfig
     from learner.trainer import Learner
 
     default = torch.get_num_threads()

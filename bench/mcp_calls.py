@@ -28,11 +28,12 @@ import anyio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sandboxes.api import ImageBuild, SandboxSpec  # noqa: E402
+from core.sandbox import ImageBuild, SandboxSpec  # noqa: E402
 from sandboxes.docker_backend import DockerSandbox  # noqa: E402
 from sandboxes.engine import connect  # noqa: E402
 from sandboxes.image import ensure_image, image_exists  # noqa: E402
-from tasks.mcp import Connection, McpServerConfig, connect as mcp_connect  # noqa: E402
+from tasks.mcp import Connection, McpServerConfig  # noqa: E402
+from tasks.mcp import connect as mcp_connect
 from tasks.testing import FakeSandbox  # noqa: E402
 
 SERVER = ROOT / "tests" / "tasks" / "mcp_servers" / "notes_server.py"

@@ -33,15 +33,15 @@ from contextlib import asynccontextmanager  # noqa: E402
 
 import anyio  # noqa: E402
 
+from config.job import parse_config  # noqa: E402
+from core.store.store import Store  # noqa: E402
+from core.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 from orchestrator.pinning import PinnedEngine  # noqa: E402
 from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency  # noqa: E402
 from orchestrator.replicas import ReplicaRouter  # noqa: E402
 from orchestrator.scripted_engine import LatencyModel, ScriptedEngine  # noqa: E402
 from orchestrator.testing import CapacityEngine, DemoScript, FakeLearner  # noqa: E402
 from orchestrator.writer import running_writer  # noqa: E402
-from stalewise.config import parse_config  # noqa: E402
-from stalewise.store.store import Store  # noqa: E402
-from stalewise.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 from tasks.chat import make_chat_format  # noqa: E402
 from tasks.suites import longhaul  # noqa: E402
 from tasks.testing import FakeSandbox  # noqa: E402

@@ -51,14 +51,14 @@ from statistics import fmean
 
 import anyio
 
+from config.job import parse_config
+from core.store.store import Store
+from core.tiny_tokenizer import build_tiny_tokenizer
 from orchestrator.pipeline import Pipeline
 from orchestrator.report import store_ledger
 from orchestrator.scripted_engine import ScriptedEngine
 from orchestrator.testing import CapacityEngine, DemoScript, FakeLearner
 from orchestrator.writer import running_writer
-from stalewise.config import parse_config
-from stalewise.store.store import Store
-from stalewise.tiny_tokenizer import build_tiny_tokenizer
 from tasks.chat import make_chat_format
 from tasks.suites import longhaul
 from tasks.testing import FakeSandbox

@@ -25,7 +25,7 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sandboxes.api import SandboxSpec  # noqa: E402
+from core.sandbox import SandboxSpec  # noqa: E402
 from sandboxes.cleanup import remove_all  # noqa: E402
 from sandboxes.docker_backend import DockerSandbox  # noqa: E402
 from sandboxes.engine import connect  # noqa: E402

@@ -107,7 +107,7 @@ class Job:
 # ---------------------------------------------------------------------------- the store
 
 def open_store(url: str):
-    from stalewise.store.store import Store
+    from core.store.store import Store
 
     return Store.open(url)
 
@@ -348,8 +348,8 @@ class Check:
 def invariants(job: Job, steps: int) -> list[Check]:
     from sqlalchemy import func, select
 
+    from core.store import schema as s
     from orchestrator.report import UNFINISHED
-    from stalewise.store import schema as s
 
     store = open_store(job.db_url)
     checks: list[Check] = []

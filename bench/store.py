@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from stalewise.records import SampledTokens
-from stalewise.store.db import normalize_url
-from stalewise.store.store import Store, model_call_row
+from core.records import SampledTokens
+from core.store.db import normalize_url
+from core.store.store import Store, model_call_row
 
 
 def synthetic_calls(rng: np.random.Generator, trajectory_id: int, turns: int, tokens: int,

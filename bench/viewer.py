@@ -28,9 +28,9 @@ import time
 import httpx
 import numpy as np
 
-from stalewise.records import SampledTokens
-from stalewise.store.store import Store, model_call_row
-from stalewise.tiny_tokenizer import save_tiny_tokenizer
+from core.records import SampledTokens
+from core.store.store import Store, model_call_row
+from core.tiny_tokenizer import save_tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from stalewise.engine_config import EngineServerConfig
+from config.engine import EngineServerConfig
 
 engine_app = typer.Typer(no_args_is_help=True)
 model_app = typer.Typer(no_args_is_help=True)
@@ -20,7 +20,7 @@ def _help(field: str) -> str:
 
 def _server_config(path: Path | None, overrides: dict) -> EngineServerConfig:
     """The engine's config: the JSON file (or the defaults) with the given fields replaced."""
-    from stalewise.config_errors import read_json, validate
+    from config.errors import read_json, validate
 
     data = read_json(path, "an engine config (the job's engine.json)") if path is not None else {}
     return validate(EngineServerConfig, {**data, **overrides}, str(path or "engine flags"))
@@ -60,8 +60,8 @@ def serve_command(
         None, min=1, help=_help("max_resident_versions")),
 ) -> None:
     """Serve MODEL over HTTP: vLLM-compatible /v1/completions plus the stalewise routes."""
+    from config.errors import ConfigError
     from engine.checkpoint import CheckpointError, read_config
-    from stalewise.config_errors import ConfigError
 
     flags = dict(max_batch=max_batch, session_cache_mb=session_cache_mb, threads=threads,
                  max_model_len=max_model_len, served_model_name=served_model_name,

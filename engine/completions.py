@@ -7,7 +7,7 @@ clamped to -9999 as vLLM does); `return_tokens_as_token_ids` renders tokens as `
 events and `stream_options.include_usage`; usage carries `prompt_tokens_details.cached_tokens`.
 Options the engine does not implement are refused with 400, never silently ignored. A
 streaming client that hangs up has its request aborted. The request schema (`CompletionBody`)
-is vLLM's, so it lives here; stalewise's own wire protocol is `stalewise.engine_api`.
+is vLLM's, so it lives here; stalewise's own wire protocol is `core.engine_api`.
 """
 
 from __future__ import annotations

@@ -60,6 +60,8 @@ from typing import Any, get_args
 
 import torch
 
+from config.engine import EngineServerConfig
+from core.engine_api import KvPolicy, PauseMode, UpdateMode, UpdateWeightsReply
 from engine.checkpoint import eos_token_ids, load_model, read_config, read_state_dict
 from engine.forward import RowForward
 from engine.metrics import EngineMetrics
@@ -79,8 +81,6 @@ from engine.versions import (
     not_resident_message,
     plan_residency,
 )
-from stalewise.engine_api import KvPolicy, PauseMode, UpdateMode, UpdateWeightsReply
-from stalewise.engine_config import EngineServerConfig
 
 log = logging.getLogger("stalewise.engine")
 

@@ -1,8 +1,8 @@
 """Value types of the engine core: what a request asks for and what it gets back.
 
-`SamplingSpec` is the engine-internal form of `stalewise.engine_api.SamplingParams`: the same
+`SamplingSpec` is the engine-internal form of `core.engine_api.SamplingParams`: the same
 fields plus greedy decoding (temperature 0, which the OpenAI-compatible route allows) and
-`ignore_eos`. `EngineOutput` carries every field of `stalewise.records.SampledTokens` as plain
+`ignore_eos`. `EngineOutput` carries every field of `core.records.SampledTokens` as plain
 lists, filled token by token by the engine thread and handed over once, when the request ends.
 """
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stalewise.engine_api import FinishReason, SamplingParams
-from stalewise.records import SampledTokens
+from core.engine_api import FinishReason, SamplingParams
+from core.records import SampledTokens
 
 
 class RequestError(ValueError):

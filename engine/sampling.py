@@ -1,6 +1,6 @@
 """Turn raw logits into the processed distribution, sample from it, and report its log-probs.
 
-Processing order (the same as `stalewise.engine_api.SamplingParams` documents, and vLLM's):
+Processing order (the same as `core.engine_api.SamplingParams` documents, and vLLM's):
 
 1. suppressed ids (stop/EOS ids while fewer than `min_tokens` were sampled) get -inf;
 2. logits are divided by the temperature (temperature 0 means greedy: all mass on the argmax);

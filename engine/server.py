@@ -1,6 +1,6 @@
 """The engine's HTTP server: starlette routes over one `Engine`, served by uvicorn.
 
-Routes (the `/stalewise/*` schemas are `stalewise.engine_api`'s, shared with the client; the
+Routes (the `/stalewise/*` schemas are `core.engine_api`'s, shared with the client; the
 vLLM-compatible ones are in `engine.completions`; all described in docs/engine.md):
 
     GET  /health  /v1/models  /is_paused  /metrics  /stalewise/metrics  /stalewise/info
@@ -34,19 +34,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from engine.checkpoint import CheckpointError
-from engine.completions import Completions
-from engine.core import Engine
-from engine.http_util import (
-    HttpError,
-    error_response,
-    parse,
-    submit,
-    until_done_or_disconnect,
-    wait,
-)
-from engine.requests import EngineStopped, RequestError, SamplingSpec
-from stalewise.engine_api import (
+from config.engine import EngineServerConfig
+from core.engine_api import (
     ABORT_ROUTE,
     GENERATE_ROUTE,
     INFO_ROUTE,
@@ -65,8 +54,19 @@ from stalewise.engine_api import (
     UpdateWeightsReply,
     encode_generate_reply,
 )
-from stalewise.engine_config import EngineServerConfig
-from stalewise.tokenizer import has_tokenizer, load_tokenizer
+from core.tokenizer import has_tokenizer, load_tokenizer
+from engine.checkpoint import CheckpointError
+from engine.completions import Completions
+from engine.core import Engine
+from engine.http_util import (
+    HttpError,
+    error_response,
+    parse,
+    submit,
+    until_done_or_disconnect,
+    wait,
+)
+from engine.requests import EngineStopped, RequestError, SamplingSpec
 
 RPC_METHODS = ("stalewise_load_checkpoint", "stalewise_weights_version")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stalewise.tiny_tokenizer import save_tiny_tokenizer
+from core.tiny_tokenizer import save_tiny_tokenizer
 
 
 def init_tiny(directory: str | Path, *, seed: int = 0, hidden: int = 128, layers: int = 4,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 
-from sandboxes.api import SandboxLimits, SandboxSpec
+from core.sandbox import SandboxLimits, SandboxSpec
 from tasks import (
     Component,
     Demonstration,

@@ -26,8 +26,8 @@ OUT_OPT = typer.Option(None, "--out-dir", help="directory for plots (default: ou
 
 
 def _load(config: Path, quick: bool) -> LabConfig:
+    from config.errors import ConfigError
     from lab.config import load_lab_config
-    from stalewise.config_errors import ConfigError
 
     try:
         cfg = load_lab_config(config)

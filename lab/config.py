@@ -7,7 +7,7 @@ simulation; `[[learning.modes]]` entries). Each of the last two has a `quick` ta
 fields replace the full run's values under `--quick`.
 
 Guarantees: unknown keys, bad choices and inconsistent values are refused with one line per
-problem naming the field and how to fix it (`stalewise.config_errors.ConfigError`); estimator
+problem naming the field and how to fix it (`config.errors.ConfigError`); estimator
 names are checked against the presets and custom estimators; this module imports no torch.
 """
 
@@ -18,10 +18,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from config.base import ConfigSection as _Section
+from config.errors import read_toml, validate
 from lab.estimator_spec import PRESET_NAMES, EstimatorSpec
 from lab.levels import MismatchKind, check_level
-from stalewise.config_base import ConfigSection as _Section
-from stalewise.config_errors import read_toml, validate
 
 
 class PolicySection(_Section):

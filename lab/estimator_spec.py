@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from learner.config import PolicyLossConfig, ScoreCenteringConfig
+from config.learner import PolicyLossConfig, ScoreCenteringConfig
 
 AdvantageName = Literal["grpo", "dr_grpo", "rloo", "raw"]
 INF = float("inf")

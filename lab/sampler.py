@@ -5,7 +5,7 @@ from a stack of parameter tables (`sampler_logits_W_P_S_V`); `table_ids_N_T` say
 produced each position, so one sequence can switch parameters partway (a weight update reaching
 a sequence in flight). The logits are processed like an engine does it (temperature, then
 top-k, then top-p over the top-k survivors, renormalised, the order of
-`stalewise.engine_api.SamplingParams`), and the batch records, for every position, the sampled
+`core.engine_api.SamplingParams`), and the batch records, for every position, the sampled
 id, its log-probability under the processed distribution (`sampler_logprobs_N_T`) and the top-k
 ids/log-probs of that processed distribution.
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from learner.config import OutcomeEstimator
+from config.learner import OutcomeEstimator
 
 GroupIds = torch.Tensor | Sequence[object]
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from stalewise.records import SampledTokens
+from core.records import SampledTokens
 
 GroupId = str | int
 

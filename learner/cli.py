@@ -18,7 +18,7 @@ import typer
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from learner.config import LearnerConfig, SftConfig
+    from config.learner import LearnerConfig, SftConfig
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -34,8 +34,8 @@ def load_learner_config(path: Path | None, overrides: dict | None = None) -> Lea
     overrides (dotted keys; None leaves the file's value)."""
     from pydantic import ValidationError
 
-    from learner.config import LearnerConfig
-    from stalewise.config_errors import problems_of
+    from config.errors import problems_of
+    from config.learner import LearnerConfig
 
     data: dict = {}
     if path is not None:
@@ -354,10 +354,10 @@ def synth_data_command(
     _quiet_transformers()
     from dataclasses import replace
 
+    from core.tokenizer import load_tokenizer
     from learner.batch import write_jsonl
     from learner.model import load_policy
     from learner.synthetic import sample_rl_batch, tool_call_demonstrations
-    from stalewise.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(model)
     policy = load_policy(model)
@@ -391,9 +391,9 @@ def serve_command(
 ) -> None:
     """The learner process of a job: train on the run's admission log, publish versions."""
     _quiet_transformers()
-    from learner.config import LearnerConfig
+    from config.errors import ConfigError, read_json, validate
+    from config.learner import LearnerConfig
     from learner.service import serve
-    from stalewise.config_errors import ConfigError, read_json, validate
 
     try:
         cfg = validate(LearnerConfig, read_json(config, "a learner config (the job's "

@@ -40,8 +40,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from core.children import child_env, death_signal_hook
 from learner.batch import TrainingSample
-from stalewise.children import child_env, death_signal_hook
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from learner.config import Aggregation, Correction, PolicyLossConfig, ScoreCenteringConfig
+from config.learner import Aggregation, Correction, PolicyLossConfig, ScoreCenteringConfig
 
 __all__ = [
     "LossOutput",

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from learner.config import LearnerConfig
+from config.learner import LearnerConfig
+from core.store.store import Store
 from learner.distributed import (
     SINGLE,
     Workers,
@@ -41,7 +42,6 @@ from learner.metrics import ConsoleSink, StepReport
 from learner.store_source import StoreSource
 from learner.trainer import Learner
 from learner.trainer_logprobs import TrainerLogprobRecorder
-from stalewise.store.store import Store
 
 OPTIMIZER_FILE = "optimizer.pt"
 PEER_EXIT_S = 120.0

@@ -29,8 +29,8 @@ from functools import partial
 
 import torch
 
+from config.learner import SftConfig
 from learner.batch import TrainingSample, demonstration
-from learner.config import SftConfig
 from learner.losses import aggregate
 from learner.metrics import StepReport
 from learner.model import policy_outputs

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from core.store.store import Store, StoredModelCall
 from learner.batch import TrainingSample, sample_from_segments
-from stalewise.store.store import Store, StoredModelCall
 
 
 def segment_samples(calls: Sequence[StoredModelCall], *, reward: float, group_id: int,

@@ -37,6 +37,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from config.learner import LearnerConfig
+from core.tokenizer import load_tokenizer
 from learner.advantages import (
     gae,
     masked_whiten,
@@ -44,7 +46,6 @@ from learner.advantages import (
     zero_variance_groups,
 )
 from learner.batch import SampleSource, TrainingSample, take_batch
-from learner.config import LearnerConfig
 from learner.distributed import (
     SINGLE,
     Workers,
@@ -66,7 +67,6 @@ from learner.metrics import MetricsSink, StepReport
 from learner.model import ValueModel, load_policy, policy_outputs
 from learner.publish import MarkPublished, publish_version
 from learner.tensors import PaddedBatch, collate
-from stalewise.tokenizer import load_tokenizer
 
 SUMMED_PER_OPTIMIZER_STEP = ("loss/policy", "score_centering/loss", "critic/loss")
 

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from core.records import FLOAT32, pack
+from core.store.store import Store
 from learner.batch import TrainingSample
 from learner.metrics import StepReport
-from stalewise.records import FLOAT32, pack
-from stalewise.store.store import Store
 
 
 class TrainerLogprobRecorder:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal, Sequence
 
-from stalewise.config import AdmissionConfig
+from config.job import AdmissionConfig
 
 OutcomeKind = Literal["ok", "timeout", "overlong", "infra_error", "verifier_error", "failed"]
 Action = Literal["admit", "mask", "drop", "requeue"]

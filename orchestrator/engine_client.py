@@ -1,7 +1,7 @@
 """The orchestrator's HTTP clients for inference engines: the embedded engine or `vllm serve`.
 
 `engine_client(url, backend=...)` builds one. Every client is an `EngineClient`
-(`orchestrator.engine_http`): it implements `stalewise.engine_api.InferenceEngine`
+(`orchestrator.engine_http`): it implements `core.engine_api.InferenceEngine`
 (`generate`, `release_session`) plus the admin calls the weight-sync loop needs
 (`update_weights`, `pause`, `resume`, `abort`, `metrics`, `health`), over one retrying
 transport. It never imports torch.
@@ -10,7 +10,7 @@ Backends, one class each:
 
 - `backend="stalewise"`, `EmbeddedEngineClient` (this module): `/stalewise/generate` returns
   every per-token field (ids, processed log-probs, weights and KV versions, time offsets,
-  top-k) exactly as the engine recorded them; bodies and replies are `stalewise.engine_api`'s
+  top-k) exactly as the engine recorded them; bodies and replies are `core.engine_api`'s
   schemas, the same ones the server uses. Weight updates go to `/stalewise/update_weights`.
 - `backend="vllm"`, `orchestrator.vllm_client.VllmEngineClient`: `/v1/completions` streamed,
   with client-side attribution of versions and times (the rules are in that module), and
@@ -42,10 +42,7 @@ import anyio
 import httpx
 import numpy as np
 
-from orchestrator.engine_http import Backend, EngineClient, EngineTimeouts, WeightUpdateReport
-from orchestrator.pinning import PinnedEngine
-from orchestrator.vllm_client import VllmEngineClient
-from stalewise.engine_api import (
+from core.engine_api import (
     ABORT_ROUTE,
     GENERATE_ROUTE,
     METRICS_ROUTE,
@@ -66,6 +63,9 @@ from stalewise.engine_api import (
     decode_generate_reply,
     decode_reply,
 )
+from orchestrator.engine_http import Backend, EngineClient, EngineTimeouts, WeightUpdateReport
+from orchestrator.pinning import PinnedEngine
+from orchestrator.vllm_client import VllmEngineClient
 
 __all__ = ["Backend", "EmbeddedEngineClient", "EngineClient", "EngineTimeouts",
            "VersionNotResidentError", "VllmEngineClient", "WeightUpdateReport", "engine_client"]

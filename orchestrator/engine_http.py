@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal, get_args
 import anyio
 import httpx
 
-from stalewise.engine_api import (
+from core.engine_api import (
     EngineError,
     GenerateRequest,
     GenerateResult,
@@ -119,7 +119,7 @@ class EngineTransport:
         return f"{self.backend} engine at {self.base_url}{path}"
 
     def sender(self, path: str) -> str:
-        """Who sent a reply, for `stalewise.engine_api`'s decoding errors."""
+        """Who sent a reply, for `core.engine_api`'s decoding errors."""
         return f"the {self.where(path)}"
 
     # ---- one request -----------------------------------------------------------------------

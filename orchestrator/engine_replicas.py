@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from config.engine import EngineConfig
+from core.log import get_logger
 from orchestrator.engine_client import EngineClient, engine_client
 from orchestrator.replicas import ReplicaRouter
-from stalewise.engine_config import EngineConfig
-from stalewise.log import get_logger
 
 if TYPE_CHECKING:
     from orchestrator.cluster.roles import RayEngines
@@ -58,7 +58,7 @@ class LocalReplicas:
         return self
 
     def _spawn(self, index: int, model_dir: Path, version: int):
-        from engine.launch import EngineProcess
+        from orchestrator.engine_launch import EngineProcess
 
         return EngineProcess.spawn(model_dir, self.cfg.server_fields(),
                                    config_path=self.run_dir / "engine.json",

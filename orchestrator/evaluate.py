@@ -14,12 +14,12 @@ from statistics import fmean
 
 import anyio
 
+from core.engine_api import InferenceEngine, SamplingParams
+from core.store.store import Store
 from orchestrator.inflight import InFlight
 from orchestrator.recorder import SqlRecorder, outcome_values
 from orchestrator.rollout import RolloutOptions, run_trajectory
 from orchestrator.writer import StoreWriter
-from stalewise.engine_api import InferenceEngine, SamplingParams
-from stalewise.store.store import Store
 from tasks.api import TaskFamily
 from tasks.chat.base import ChatFormat
 

@@ -15,8 +15,8 @@ from typing import Generic, TypeVar
 
 import anyio
 
+from core.store.store import Store
 from orchestrator.writer import StoreWriter, WriterStopped
-from stalewise.store.store import Store
 
 T = TypeVar("T")
 ABORT_WRITE_S = 30.0  # how long the writer may take before the store is written directly

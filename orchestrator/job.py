@@ -27,6 +27,12 @@ from typing import TYPE_CHECKING
 import anyio
 from pydantic import BaseModel
 
+from config.job import JobConfig
+from core.log import bind_run, configure_logging, get_logger
+from core.store import audit
+from core.store.outage import Outage, first_line
+from core.store.store import Store
+from core.tokenizer import load_tokenizer
 from orchestrator.cluster.roles import RayEngines, RayLearners
 from orchestrator.engine_replicas import LocalReplicas, job_engine_client
 from orchestrator.evaluate import EvalResult, evaluate
@@ -38,12 +44,6 @@ from orchestrator.replicas import ReplicaRouter
 from orchestrator.report import held_out_gain, rollout_dynamics, store_ledger, write_report
 from orchestrator.resume import recover_run
 from orchestrator.writer import running_writer
-from stalewise.config import JobConfig
-from stalewise.log import bind_run, configure_logging, get_logger
-from stalewise.store import audit
-from stalewise.store.outage import Outage, first_line
-from stalewise.store.store import Store
-from stalewise.tokenizer import load_tokenizer
 from tasks.api import TaskFamily
 from tasks.chat import make_chat_format
 from tasks.loading import load_family
@@ -147,7 +147,7 @@ def place_on_ray(job: JobConfig, run_id: str, model_dir: Path, serve_dir: Path, 
 
 
 def start_engine(job: JobConfig, model_dir: Path, version: int, run_dir: Path):
-    from engine.launch import EngineProcess, VllmProcess
+    from orchestrator.engine_launch import EngineProcess, VllmProcess
 
     if job.engine.kind == "vllm":
         return VllmProcess.start(model_dir, port=job.engine.port, initial_version=version,
@@ -318,9 +318,8 @@ def _remove_containers(job: JobConfig, run_id: str) -> None:
     failed) is a warning here, so it cannot hide the run's own error."""
     if job.sandbox.backend != "docker":
         return
-    from sandboxes.api import SandboxError
+    from core.sandbox import SandboxError
     from sandboxes.cleanup import remove_all
-
     from sandboxes.engine import docker_host
     from sandboxes.hosts import connected
 

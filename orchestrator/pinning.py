@@ -16,7 +16,7 @@ from typing import Protocol
 
 import anyio
 
-from stalewise.engine_api import (
+from core.engine_api import (
     GenerateRequest,
     GenerateResult,
     InferenceEngine,

@@ -33,6 +33,12 @@ from typing import Awaitable, Callable, Protocol
 
 import anyio
 
+from config.job import JobConfig
+from core.engine_api import InferenceEngine, KvPolicy, SamplingParams, UpdateMode
+from core.log import bind_trajectory, get_logger
+from core.sandbox import Sandbox, SandboxSpec
+from core.store.outage import Outage
+from core.store.store import Store
 from orchestrator.admission import Decision, decide_group, decide_member
 from orchestrator.groups import GroupState, member_outcome
 from orchestrator.inflight import InFlight
@@ -41,12 +47,6 @@ from orchestrator.recorder import SqlRecorder, outcome_values
 from orchestrator.rollout import RolloutOptions, run_trajectory
 from orchestrator.rollout_types import StopReason, TrajectoryOutcome
 from orchestrator.writer import StoreWriter
-from sandboxes.api import Sandbox, SandboxSpec
-from stalewise.config import JobConfig
-from stalewise.engine_api import InferenceEngine, KvPolicy, SamplingParams, UpdateMode
-from stalewise.log import bind_trajectory, get_logger
-from stalewise.store.outage import Outage
-from stalewise.store.store import Store
 from tasks.api import TaskFamily, TaskInstance
 from tasks.chat.base import ChatFormat
 

@@ -15,11 +15,11 @@ from typing import AsyncIterator
 import anyio
 from anyio.abc import TaskStatus
 
-from sandboxes.api import Sandbox, SandboxSpec
+from config.job import SandboxConfig
+from core.sandbox import Sandbox, SandboxSpec
 from sandboxes.backends import open_pool
 from sandboxes.hosts import HostSet
 from sandboxes.pool import SandboxPool
-from stalewise.config import SandboxConfig
 
 
 def _key(spec: SandboxSpec) -> str:

@@ -1,5 +1,5 @@
 """Child processes of a job: the learner, SFT and model creation (the engine has its own
-launcher in `engine.launch`).
+launcher in `orchestrator.engine_launch`).
 
 Guarantees: a child started from the main thread dies with the job (SIGTERM on parent death,
 so a SIGKILLed orchestrator leaves no learner or engine behind); a child's output goes to a log
@@ -17,7 +17,7 @@ from typing import Callable
 
 import anyio
 
-from stalewise.children import child_env, death_signal_hook, python_command
+from core.children import child_env, death_signal_hook, python_command
 
 
 class ChildDied(RuntimeError):

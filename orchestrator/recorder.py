@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from core.engine_api import SamplingParams
+from core.store.store import model_call_row
 from orchestrator.rollout_types import ModelCallRecord, ToolCallRecord, TrajectoryOutcome
 from orchestrator.writer import StoreWriter
-from stalewise.engine_api import SamplingParams
-from stalewise.store.store import model_call_row
 
 
 class SqlRecorder:

@@ -45,8 +45,7 @@ from typing import Any, Protocol
 import anyio
 from anyio.abc import TaskStatus
 
-from orchestrator.pinning import PinnedEngine
-from stalewise.engine_api import (
+from core.engine_api import (
     EngineError,
     GenerateRequest,
     GenerateResult,
@@ -55,7 +54,8 @@ from stalewise.engine_api import (
     UpdateMode,
     VersionNotResidentError,
 )
-from stalewise.log import get_logger
+from core.log import get_logger
+from orchestrator.pinning import PinnedEngine
 
 log = get_logger("stalewise.replicas")
 

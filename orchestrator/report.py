@@ -7,7 +7,7 @@ oldest version in the KV cache it attended to, and a trajectory's lag the larges
 so a KV cache recomputed at every update shows lag 0 however many versions the trajectory
 spans), how many ran out of time and what admission did with them.
 `held_out_gain` turns before/after success counts into Wilson and Newcombe 95% intervals
-(`stalewise.stats`). `build_ledger_from_store` reads every finished training trajectory of a run with its final
+(`core.stats`). `build_ledger_from_store` reads every finished training trajectory of a run with its final
 admission decision, computes the ledger (`orchestrator.ledger`) and stores its rows; the
 summary (a JSON-ready dict) goes into `runs.summary`, `report.json` and a Markdown
 `report.md` in the run directory.
@@ -25,12 +25,11 @@ from typing import Any
 
 from sqlalchemy import func, insert, select
 
+from core.records import INT32, unpack
+from core.stats import newcombe_difference, wilson
+from core.store import schema as s
+from core.store.store import Store
 from orchestrator.ledger import Generated, LedgerRow, Skew, build_ledger
-from stalewise.records import INT32, unpack
-from stalewise.stats import newcombe_difference, wilson
-from stalewise.store import schema as s
-from stalewise.store.store import Store
-
 
 UNFINISHED = ("queued", "running", "aborted")  # trajectory statuses the summary leaves out
 

@@ -15,8 +15,8 @@ import time
 
 from sqlalchemy import update
 
-from stalewise.store import schema as s
-from stalewise.store.store import Store
+from core.store import schema as s
+from core.store.store import Store
 
 REASON = "aborted: the orchestrator stopped before this finished (resumed run)"
 

@@ -67,6 +67,16 @@ from typing import Any
 import anyio
 import numpy as np
 
+from core.engine_api import (
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    InferenceEngine,
+    SamplingParams,
+    bad_logprobs,
+)
+from core.records import INT32, SampledTokens
+from core.sandbox import Sandbox, SandboxError, SandboxSpec
 from orchestrator.rollout_types import (
     STATUS_OF,
     ModelCallRecord,
@@ -77,16 +87,6 @@ from orchestrator.rollout_types import (
     TrajectoryStatus,
     build_segment,
 )
-from sandboxes.api import Sandbox, SandboxError, SandboxSpec
-from stalewise.engine_api import (
-    EngineError,
-    GenerateRequest,
-    GenerateResult,
-    InferenceEngine,
-    SamplingParams,
-    bad_logprobs,
-)
-from stalewise.records import INT32, SampledTokens
 from tasks.api import TaskInstance
 from tasks.chat.base import ChatFormat, ParsedCall, ParsedTurn
 from tasks.chat.conversation import Conversation

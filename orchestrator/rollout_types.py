@@ -22,8 +22,8 @@ from typing import Protocol
 
 import numpy as np
 
-from stalewise.engine_api import FinishReason, SamplingParams
-from stalewise.records import FLOAT32, INT32, UINT8, SampledTokens
+from core.engine_api import FinishReason, SamplingParams
+from core.records import FLOAT32, INT32, UINT8, SampledTokens
 from tasks.chat.conversation import SegmentTokens
 from tasks.messages import ChatMessage
 

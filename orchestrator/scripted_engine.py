@@ -1,6 +1,6 @@
 """A scripted inference engine: replays given assistant turns as sampled tokens.
 
-It satisfies `stalewise.engine_api.InferenceEngine` and behaves like a real engine where the
+It satisfies `core.engine_api.InferenceEngine` and behaves like a real engine where the
 agent loop can tell: it honours `max_tokens` (cut, finish "length") and `stop_token_ids` (cut
 after the first stop id, finish "stop"), reports cached prompt tokens for a session whose new
 prompt extends its previous context, stamps every token with the current weights version and a
@@ -31,15 +31,15 @@ from dataclasses import dataclass
 import anyio
 import numpy as np
 
-from orchestrator.pinning import PinnedEngine
-from stalewise.engine_api import (
+from core.engine_api import (
     EngineError,
     FinishReason,
     GenerateRequest,
     GenerateResult,
     KvPolicy,
 )
-from stalewise.records import FLOAT32, INT32, SampledTokens
+from core.records import FLOAT32, INT32, SampledTokens
+from orchestrator.pinning import PinnedEngine
 from tasks.chat.codec import int_list
 
 

@@ -16,7 +16,7 @@ import zlib
 import anyio
 from anyio.abc import TaskStatus
 
-from stalewise.store.store import Store
+from core.store.store import Store
 
 
 class FakeLearner:

@@ -29,9 +29,7 @@ from typing import Any
 
 import anyio
 
-from orchestrator.engine_http import EngineClient, WeightUpdateReport
-from orchestrator.vllm_stream import CompletionStream, completion_body
-from stalewise.engine_api import (
+from core.engine_api import (
     EngineError,
     GenerateRequest,
     GenerateResult,
@@ -39,6 +37,8 @@ from stalewise.engine_api import (
     KvPolicy,
     UpdateMode,
 )
+from orchestrator.engine_http import EngineClient, WeightUpdateReport
+from orchestrator.vllm_stream import CompletionStream, completion_body
 
 COMPLETIONS_ROUTE = "/v1/completions"
 PAUSED_RETRY_S = 0.2   # back-off before resending a request vLLM refused with 503

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from stalewise.engine_api import EngineError, GenerateRequest
-from stalewise.records import SampledTokens
+from core.engine_api import EngineError, GenerateRequest
+from core.records import SampledTokens
 
 VLLM_LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this in JSON
 

@@ -31,9 +31,9 @@ import anyio
 from anyio.abc import TaskStatus
 from sqlalchemy import Connection
 
-from stalewise.log import get_logger
-from stalewise.store.outage import Outage, StoreUnavailable
-from stalewise.store.store import Store
+from core.log import get_logger
+from core.store.outage import Outage, StoreUnavailable
+from core.store.store import Store
 
 T = TypeVar("T")
 log = get_logger("stalewise.writer")
@@ -173,7 +173,7 @@ class StoreWriter:
 
     async def _riding_out_outages(self, write: Callable[[], T]) -> T:
         """`write()` in a worker thread, tried again while the store is briefly unavailable
-        (`stalewise.store.outage`) for up to `outage_s`; the rows wait in memory meanwhile
+        (`core.store.outage`) for up to `outage_s`; the rows wait in memory meanwhile
         (and `put_*` waits once `max_pending` are queued)."""
         outage = Outage(self.outage_s)
         while True:

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import anyio
 import anyio.abc
 
-from sandboxes.api import HostUnreachable, SandboxError
+from core.sandbox import HostUnreachable, SandboxError
 
 MUX_HEADER = struct.Struct(">BxxxI")
 STDERR_KEEP = 65536

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Literal
 
-from sandboxes.api import Sandbox, SandboxError, SandboxSpec
+from core.sandbox import Sandbox, SandboxError, SandboxSpec
 from sandboxes.hosts import HostSet
 from sandboxes.pool import SandboxPool
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol
 
 import anyio
 
-from sandboxes.api import SandboxError
+from core.sandbox import SandboxError
 
 HEADER = struct.Struct(">I")
 

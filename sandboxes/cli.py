@@ -20,7 +20,7 @@ def build_base_command(
     mirror: str = typer.Option("http://deb.debian.org/debian", help="Debian mirror URL"),
 ) -> None:
     """Build the sandbox base image from Debian (debootstrap + docker import); cached."""
-    from sandboxes.api import SandboxError
+    from core.sandbox import SandboxError
     from sandboxes.image import build_base
 
     try:
@@ -69,7 +69,7 @@ def run_command(
     import anyio
     from pydantic import ValidationError
 
-    from sandboxes.api import SandboxError, SandboxLimits, SandboxSpec
+    from core.sandbox import SandboxError, SandboxLimits, SandboxSpec
     from sandboxes.backends import make_sandbox
 
     if backend not in ("docker", "local", "auto"):
@@ -119,7 +119,7 @@ def cleanup_command(
                                     "this installation, in use or not"),
 ) -> None:
     """Remove orphaned sandbox containers (owner gone or TTL passed); or a run's; or all."""
-    from sandboxes.api import SandboxError
+    from core.sandbox import SandboxError
     from sandboxes.cleanup import remove_all as remove_all_fn
     from sandboxes.cleanup import remove_orphans
 
@@ -147,7 +147,7 @@ def doctor_command(
     """Check the engine, the image, the runtimes, and that every limit is enforced."""
     import anyio
 
-    from sandboxes.api import SandboxSpec
+    from core.sandbox import SandboxSpec
     from sandboxes.doctor import run_doctor
 
     checks = anyio.run(run_doctor, SandboxSpec(image=image))

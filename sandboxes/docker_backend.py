@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from core.sandbox import HostUnreachable, SandboxError, SandboxSpec
 from sandboxes import labels as lab
-from sandboxes.api import HostUnreachable, SandboxError, SandboxSpec
 from sandboxes.attach import AttachTransport, open_attach
 from sandboxes.channel import AgentChannel, AgentGone, AgentRequestError
 from sandboxes.engine import connect, docker_host

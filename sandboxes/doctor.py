@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from sandboxes.api import SandboxError, SandboxSpec
+from core.sandbox import SandboxError, SandboxSpec
 
 Status = Literal["ok", "fail", "info"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from sandboxes.api import SandboxError
+from core.sandbox import SandboxError
 
 if TYPE_CHECKING:
     import docker

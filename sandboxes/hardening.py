@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from core.sandbox import SandboxSpec
 from sandboxes.agent import BOOTSTRAP
-from sandboxes.api import SandboxSpec
 from sandboxes.image import SANDBOX_GID, SANDBOX_UID
 from sandboxes.session import DEFAULT_PATH
 

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import anyio
 
-from sandboxes.api import HostUnreachable, SandboxError, SandboxSpec
-from sandboxes.host_config import DockerHostConfig
+from config.sandbox_hosts import DockerHostConfig
+from core.sandbox import HostUnreachable, SandboxError, SandboxSpec
 
 if TYPE_CHECKING:
     import docker

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from core.sandbox import ImageBuild, SandboxError
 from sandboxes.agent import SEED_DIR
-from sandboxes.api import ImageBuild, SandboxError
 from sandboxes.engine import connect
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
-from sandboxes.api import SandboxError, SandboxSpec
+from core.sandbox import SandboxError, SandboxSpec
 from sandboxes.channel import AgentChannel, AgentGone
 from sandboxes.session import AgentSession, SessionSandbox
 

@@ -36,7 +36,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 import anyio
 import anyio.abc
 
-from sandboxes.api import Sandbox, SandboxError
+from core.sandbox import Sandbox, SandboxError
 
 log = logging.getLogger("stalewise.sandboxes")
 

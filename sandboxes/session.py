@@ -23,7 +23,7 @@ from typing import Callable, Mapping
 
 import anyio
 
-from sandboxes.api import ExecResult, SandboxError, SandboxSpec
+from core.sandbox import ExecResult, SandboxError, SandboxSpec
 from sandboxes.channel import AgentChannel, AgentGone, AgentRequestError
 
 REPLY_SLACK_S = 15.0

@@ -18,9 +18,9 @@ from typing import Any, Iterator
 
 from sqlalchemy import select
 
-from stalewise.store import audit
-from stalewise.store import schema as s
-from stalewise.store.store import Store
+from core.store import audit
+from core.store import schema as s
+from core.store.store import Store
 
 TOKEN_COLUMNS = ("run_id", "trajectory_id", "turn", "segment", "position", "token_id", "text",
                  "sampler_logprob", "weights_version", "kv_version", "time_s", "trainer_logprob",

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandboxes.api import SandboxSpec
+from core.sandbox import SandboxSpec
 from tasks.messages import ChatMessage
 from tasks.tools import Tool
 from tasks.verify import Verifier, describe_verifier

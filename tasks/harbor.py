@@ -38,8 +38,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sandboxes.api import ExecResult, ImageBuild, Sandbox, SandboxError, SandboxLimits, SandboxSpec
-from stalewise.config_base import ConfigSection
+from config.harbor import HarborSettings
+from core.sandbox import ExecResult, ImageBuild, Sandbox, SandboxError, SandboxLimits, SandboxSpec
 from tasks.api import TaskFamily, TaskInstance, TaskLimits
 from tasks.builtin_tools import bash, read_file, write_file
 from tasks.tools import Tool
@@ -57,21 +57,6 @@ _SLUG = re.compile(r"[^a-z0-9_.-]+")
 
 class HarborTaskError(ValueError):
     """A Harbor task folder cannot be used; the message names the task and the fix."""
-
-
-class HarborSettings(ConfigSection):
-    """The job's `[tasks.harbor]` section: how Harbor tasks are run here."""
-
-    base_image_map: dict[str, str] = Field(
-        default_factory=dict, description='FROM image -> local image, e.g. '
-        '{ "python:3.12-slim" = "stalewise-base" } (no registry is assumed)')
-    allow_network: bool = Field(False, description="let tasks with allow_internet have network")
-    max_memory_mb: int = Field(1024, ge=16, description="caps the tasks' memory_mb")
-    max_cpus: float = Field(1.0, gt=0, description="caps the tasks' cpus")
-    tool_timeout_s: float = Field(60.0, gt=0, description="time limit of one bash call")
-    output_bytes: int = Field(16384, ge=1024, description="tool output kept per call")
-    limits: dict[str, Any] = Field(default_factory=dict, description="TaskLimits overrides "
-                                   "(max_turns, max_generated_tokens, context_length, ...)")
 
 
 # -- task.toml -------------------------------------------------------------------------------

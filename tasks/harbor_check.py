@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from sandboxes.api import Sandbox, SandboxError, SandboxSpec
+from core.sandbox import Sandbox, SandboxError, SandboxSpec
 from tasks.api import TaskFamily, TaskInstance
 from tasks.harbor import HarborTaskError, run_oracle, task_of
 from tasks.verify import VerifierError, VerifyContext

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from sandboxes.api import ExecResult, SandboxError
+from core.sandbox import ExecResult, SandboxError
 
 Handler = Callable[[list[str], bytes | None], "ExecResult | str"]
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import jsonschema
 
-from sandboxes.api import ExecResult, Sandbox
+from core.sandbox import ExecResult, Sandbox
 from tasks.schema import JsonSchema, ToolDefinitionError, parse_docstring, schema_for_type
 
 if TYPE_CHECKING:

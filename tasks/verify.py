@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sandboxes.api import Sandbox
+from core.sandbox import Sandbox
 from tasks.messages import ChatMessage
 
 if TYPE_CHECKING:

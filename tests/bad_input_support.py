@@ -14,13 +14,8 @@ import anyio
 import httpx
 from sqlalchemy import select
 
-from orchestrator.pipeline import Pipeline
-from orchestrator.scripted_engine import ScriptedEngine, ScriptedTurn, script_key
-from orchestrator.testing import FakeLearner, VersionedEngine
-from orchestrator.writer import running_writer
-from sandboxes.api import ExecResult
-from stalewise.config import parse_config
-from stalewise.engine_api import (
+from config.job import parse_config
+from core.engine_api import (
     ABORT_ROUTE,
     GENERATE_ROUTE,
     RELEASE_SESSION_ROUTE,
@@ -28,8 +23,13 @@ from stalewise.engine_api import (
     GenerateRequest,
     encode_generate_reply,
 )
-from stalewise.store import schema as s
-from stalewise.store.store import Store
+from core.sandbox import ExecResult
+from core.store import schema as s
+from core.store.store import Store
+from orchestrator.pipeline import Pipeline
+from orchestrator.scripted_engine import ScriptedEngine, ScriptedTurn, script_key
+from orchestrator.testing import FakeLearner, VersionedEngine
+from orchestrator.writer import running_writer
 from tasks import Component, Rubric, TaskFamily, TaskInstance, TaskLimits, ToolContext, tool
 from tasks.builtin_tools import bash
 from tasks.testing import FakeSandbox

@@ -100,8 +100,8 @@ def real_run(tmp_path_factory) -> tuple[str, str]:
     import sys
     from pathlib import Path
 
+    from core.store.store import Store
     from engine.tiny import init_tiny
-    from stalewise.store.store import Store
 
     directory = tmp_path_factory.mktemp("real-run")
     model = init_tiny(directory / "tiny")
@@ -136,6 +136,7 @@ def _second_dockerd():
     """One second Docker engine per test session (scripts/second_dockerd.sh), stopped at the
     end; it holds stalewise-base (copied from the first engine)."""
     from docker_hosts import SecondDockerd
+
     from sandboxes.image import build_base
 
     build_base(log=lambda line: None)

@@ -40,22 +40,22 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.engine_client import engine_client
-from orchestrator.rollout import run_trajectory, start_sandbox, use_sandbox
-from orchestrator.rollout_types import MemoryRecorder, TrajectoryStatus
-from orchestrator.scripted_engine import ScriptedEngine, turns_from_texts
-from sandboxes.api import ExecResult, SandboxSpec
-from stalewise.config import load_config, parse_config
-from stalewise.config_errors import ConfigError
-from stalewise.engine_api import (
+from config.errors import ConfigError
+from config.job import load_config, parse_config
+from core.engine_api import (
     EngineError,
     GenerateResult,
     SamplingParams,
     decode_generate_reply,
     encode_generate_reply,
 )
-from stalewise.records import FLOAT32, INT32, SampledTokens, pack, unpack
-from stalewise.store import schema as s
+from core.records import FLOAT32, INT32, SampledTokens, pack, unpack
+from core.sandbox import ExecResult, SandboxSpec
+from core.store import schema as s
+from orchestrator.engine_client import engine_client
+from orchestrator.rollout import run_trajectory, start_sandbox, use_sandbox
+from orchestrator.rollout_types import MemoryRecorder, TrajectoryStatus
+from orchestrator.scripted_engine import ScriptedEngine, turns_from_texts
 from tasks import TaskLimits
 from tasks.loading import TaskLoadError, load_family
 from tasks.mcp import McpError, McpServerConfig, discover_tools, mcp_tool

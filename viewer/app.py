@@ -17,8 +17,8 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from stalewise.store import audit
-from stalewise.store.store import Store
+from core.store import audit
+from core.store.store import Store
 from viewer.html import esc, page
 from viewer.runs import dashboard_page, runs_page
 from viewer.table import BadQuery, trajectories_page

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from stalewise.store.db import DEFAULT_URL
+from core.store.db import DEFAULT_URL
 
 
 def view_command(url: str = typer.Option(DEFAULT_URL, "--url",
@@ -15,8 +15,8 @@ def view_command(url: str = typer.Option(DEFAULT_URL, "--url",
     """Browse runs, dashboards, trajectories and tokens in a web browser (read-only)."""
     import uvicorn
 
-    from stalewise.store.db import StaleSchemaError
-    from stalewise.store.store import Store
+    from core.store.db import StaleSchemaError
+    from core.store.store import Store
     from viewer.app import create_app
 
     try:

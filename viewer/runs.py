@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from stalewise.store import audit, run_stats
-from stalewise.store.store import Store
+from core.store import audit, run_stats
+from core.store.store import Store
 from viewer.html import esc, fmt, link, page, table
 from viewer.svg import bar_chart, line_chart
 

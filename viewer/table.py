@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from stalewise.store import audit
-from stalewise.store.audit import SORT_KEYS, TrajectoryFilter
-from stalewise.store.store import Store
+from core.store import audit
+from core.store.audit import SORT_KEYS, TrajectoryFilter
+from core.store.store import Store
 from viewer.html import esc, fmt, href, link, page
 
 PAGE_SIZE = 50

@@ -14,9 +14,9 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from stalewise.store import audit
-from stalewise.store import schema as s
-from stalewise.store.store import Store, StoredModelCall
+from core.store import audit
+from core.store import schema as s
+from core.store.store import Store, StoredModelCall
 from viewer.html import esc, fmt, href, json_for_script, link, page, table
 
 TOKENS_PER_PAGE = 4000

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
+from core.children import ChildOwnerThread
 from orchestrator.cluster.launch import Child, Launch
-from stalewise.children import ChildOwnerThread
 
 
 @dataclass

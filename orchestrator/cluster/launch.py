@@ -1,6 +1,6 @@
 """How a Ray actor starts its child on its node: the same commands a local job runs.
 
-`EngineLaunch` starts `python -m engine serve` through `engine.launch.EngineProcess`, bound to
+`EngineLaunch` starts `python -m engine serve` through `orchestrator.engine_launch.EngineProcess`, bound to
 the node's own address so other nodes reach it; a restart reuses the port the first start got
 (the replica keeps its URL) and serves the newest weights the store lists as published (every
 node reaches the one PostgreSQL store). `CommandLaunch` starts any `python -m ...` child (the
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from stalewise.engine_config import EngineServerConfig
+from config.engine import EngineServerConfig
 
 
 class Child(Protocol):
@@ -78,7 +78,7 @@ class EngineLaunch:
               weights: tuple[str, int] | None = None) -> Child:
         """`weights` (checkpoint, version) when the driver names them; else a restart serves
         the newest published version and a first start `initial_version`."""
-        from engine.launch import EngineProcess
+        from orchestrator.engine_launch import EngineProcess
 
         model_dir, version = self.model_dir, self.initial_version
         if weights is not None:
@@ -95,7 +95,7 @@ class EngineLaunch:
                         process.stop, process.log_tail)
 
     def _newest_published(self, model_dir: str, version: int) -> tuple[str, int]:
-        from stalewise.store.store import Store
+        from core.store.store import Store
 
         store = Store.open(self.db_url)
         try:

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from config.cluster import ClusterConfig, RoleResources
 from orchestrator.cluster.host import ChildHost
 from orchestrator.cluster.launch import Launch
-from stalewise.cluster_config import ClusterConfig, RoleResources
 
 
 class PlacementError(RuntimeError):

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import anyio
 
+from config.job import JobConfig
 from orchestrator.cluster.launch import CommandLaunch, EngineLaunch
-from orchestrator.engine_client import EngineClient, engine_client
 from orchestrator.cluster.placement import PlacementError, RoleGroup, connect
+from orchestrator.engine_client import EngineClient, engine_client
 from orchestrator.processes import ChildDied
-from stalewise.config import JobConfig
 
 BROKEN = ("failed", "lost", "stopped")
 

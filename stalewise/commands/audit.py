@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from core.store.db import DEFAULT_URL
 from stalewise.commands.export import export_command
-from stalewise.store.db import DEFAULT_URL
 
 app = typer.Typer(no_args_is_help=True)
 app.command("export")(export_command)
@@ -20,8 +20,8 @@ JSON = typer.Option(False, "--json", help="print JSON instead of tables")
 
 
 def _open(url: str):
-    from stalewise.store.db import StaleSchemaError
-    from stalewise.store.store import Store
+    from core.store.db import StaleSchemaError
+    from core.store.store import Store
 
     try:
         return Store.open(url)
@@ -74,7 +74,7 @@ def _query(url: str, query: Callable[[Any], list[dict[str, Any]]], as_json: bool
 @app.command("runs")
 def runs_command(url: str = URL, as_json: bool = JSON, limit: int = 50) -> None:
     """List runs, newest first."""
-    from stalewise.store import audit
+    from core.store import audit
 
     rows = _query(url, lambda store: audit.runs(store, limit), as_json)
     if rows is None:
@@ -89,7 +89,7 @@ def runs_command(url: str = URL, as_json: bool = JSON, limit: int = 50) -> None:
 def steps_command(run: str = typer.Option(..., "--run", help="run id"), url: str = URL,
                   as_json: bool = JSON) -> None:
     """A run's learning curve: reward, loss, KL to the sampler, clipping, lag per learner step."""
-    from stalewise.store import audit
+    from core.store import audit
 
     rows = _query(url, lambda store: audit.learner_steps(store, run), as_json)
     if rows is None:
@@ -109,7 +109,7 @@ def trajectories_command(run: str = typer.Option(..., "--run", help="run id"),
                              None, help="admission decision: admit, drop, requeue or mask"),
                          limit: int = 200, url: str = URL, as_json: bool = JSON) -> None:
     """List a run's trajectories, with filters."""
-    from stalewise.store import audit
+    from core.store import audit
 
     for name, value, allowed in (("--purpose", purpose, ("train", "eval")),
                                  ("--decision", decision, ("admit", "drop", "requeue", "mask"))):
@@ -132,7 +132,7 @@ def show_command(trajectory_id: int, url: str = URL, as_json: bool = JSON,
                  tokenizer: str | None = typer.Option(None, help="model dir for token text"),
                  max_tokens: int = typer.Option(0, help="tokens shown per turn (0 = all)")) -> None:
     """One trajectory: turns, tool calls and the per-token table."""
-    from stalewise.store import audit
+    from core.store import audit
 
     store = _open(url)
     detail = audit.trajectory_detail(store, trajectory_id, tokenizer_dir=tokenizer)

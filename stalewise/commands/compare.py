@@ -163,8 +163,8 @@ def run_one(job, label: str, config: Path, out: Path,
             before: tuple[int, int] | None = None) -> dict[str, Any]:
     """Run the job; `before` is the evaluation before RL measured by an earlier run when this
     run skips its own."""
+    from core.store.store import Store
     from orchestrator.job import run_job
-    from stalewise.store.store import Store
 
     code = run_job(job)
     store = Store.open(job.run.db_url)
@@ -181,7 +181,7 @@ def run_one(job, label: str, config: Path, out: Path,
 def latest_run(store, name: str) -> str | None:
     from sqlalchemy import select
 
-    from stalewise.store import schema as s
+    from core.store import schema as s
 
     runs = s.Run.__table__
     with store.engine.connect() as c:
@@ -192,9 +192,9 @@ def latest_run(store, name: str) -> str | None:
 def run_figures(store, run_id: str, before: tuple[int, int] | None = None) -> dict[str, Any]:
     """Held-out success before/after, RL seconds and tokens, and diagnostics, from the store;
     `before` given means the run did not evaluate before RL itself."""
+    from core.store import audit
     from orchestrator.ledger import build_ledger
     from orchestrator.report import generated_work, held_out_gain, rollout_dynamics
-    from stalewise.store import audit
 
     own_before, after = eval_counts(store, run_id, has_before=before is None)
     before = before or own_before
@@ -224,7 +224,7 @@ def eval_counts(store, run_id: str, has_before: bool = True
     infrastructure errors count as failures."""
     from sqlalchemy import select
 
-    from stalewise.store import schema as s
+    from core.store import schema as s
 
     t = s.Trajectory.__table__
     with store.engine.connect() as c:
@@ -240,7 +240,7 @@ def rl_extent(store, run_id: str) -> tuple[float, int]:
     learner step or train trajectory to finish), and the tokens sampled by train trajectories."""
     from sqlalchemy import func, select
 
-    from stalewise.store import schema as s
+    from core.store import schema as s
 
     t, steps = s.Trajectory.__table__, s.LearnerStep.__table__
     with store.engine.connect() as c:
@@ -308,7 +308,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from stalewise.stats import wilson
+    from core.stats import wilson
 
     for axis, key, name in (("RL wall-clock seconds", "rl_seconds", "success-vs-seconds"),
                             ("sampled tokens (train)", "sampled_tokens", "success-vs-tokens")):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from stalewise.store.db import DEFAULT_URL, StaleSchemaError, normalize_url
+from core.store.db import DEFAULT_URL, StaleSchemaError, normalize_url
 
 app = typer.Typer(no_args_is_help=True)
 URL = typer.Option(DEFAULT_URL, "--url", help="SQLite path/URL or PostgreSQL URL")
@@ -13,7 +13,7 @@ URL = typer.Option(DEFAULT_URL, "--url", help="SQLite path/URL or PostgreSQL URL
 @app.command()
 def upgrade(url: str = URL, revision: str = typer.Argument("head")) -> None:
     """Migrate the database to REVISION (default: head), creating it if needed."""
-    from stalewise.store.db import upgrade as run_upgrade
+    from core.store.db import upgrade as run_upgrade
 
     run_upgrade(url, revision)
     typer.echo(f"{normalize_url(url)}: at revision {revision}")
@@ -22,7 +22,7 @@ def upgrade(url: str = URL, revision: str = typer.Argument("head")) -> None:
 @app.command()
 def downgrade(url: str = URL, revision: str = typer.Argument(...)) -> None:
     """Migrate the database down to REVISION ('base' removes every table)."""
-    from stalewise.store.db import downgrade as run_downgrade
+    from core.store.db import downgrade as run_downgrade
 
     run_downgrade(url, revision)
     typer.echo(f"{normalize_url(url)}: at revision {revision}")
@@ -31,7 +31,7 @@ def downgrade(url: str = URL, revision: str = typer.Argument(...)) -> None:
 @app.command()
 def check(url: str = URL) -> None:
     """Exit non-zero unless the schema is at head; says which command fixes it."""
-    from stalewise.store.db import check_schema, make_engine
+    from core.store.db import check_schema, make_engine
 
     engine = make_engine(url)
     try:

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from stalewise.store.db import DEFAULT_URL
+from core.store.db import DEFAULT_URL
 
 if TYPE_CHECKING:
-    from stalewise.store.store import Store
+    from core.store.store import Store
 
 FORMATS = ("inspect", "parquet", "jsonl")
 
@@ -24,8 +24,8 @@ def export_command(out: Path = typer.Argument(..., help="output file (parquet, j
                    tokenizer: str | None = typer.Option(None, help="model dir for token text "
                                                         "(default: the run's model)")) -> None:
     """Export a run: Inspect AI eval log (one sample per trajectory) or one row per token."""
-    from stalewise.store.db import StaleSchemaError
-    from stalewise.store.store import Store
+    from core.store.db import StaleSchemaError
+    from core.store.store import Store
 
     if format not in FORMATS:
         typer.echo(f"error: --format {format!r} is not one of {', '.join(FORMATS)}", err=True)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import typer
 
-from stalewise.config_errors import ConfigError
+from config.errors import ConfigError
 
 
 def load_or_exit(path: Path, overrides: list[str] | None = None):
-    from stalewise.config import load_config
+    from config.job import load_config
 
     try:
         return load_config(path, overrides or ())
@@ -44,7 +44,7 @@ def build_images_or_exit(job, family, config: Path) -> None:
     tasks) now, so a missing FROM image fails before any run is created, in one line."""
     if family.size is None or job.sandbox.backend == "local":
         return
-    from sandboxes.api import SandboxError
+    from core.sandbox import SandboxError
     from sandboxes.image import ensure_image
 
     tasks = {t.sandbox.image: t for t in family.instances(family.splits[0])
@@ -59,9 +59,9 @@ def build_images_or_exit(job, family, config: Path) -> None:
 
 
 def check_resumable_or_exit(job, run_id: str) -> None:
+    from core.store.db import StaleSchemaError
+    from core.store.store import Store
     from orchestrator.resume import ResumeError, check_resumable
-    from stalewise.store.db import StaleSchemaError
-    from stalewise.store.store import Store
 
     try:
         store = Store.open(job.run.db_url)

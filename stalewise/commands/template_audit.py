@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stalewise.store import audit as queries
-from stalewise.store.store import Store
+from core.store import audit as queries
+from core.store.store import Store
 
 
 class AuditError(Exception):
@@ -23,7 +23,7 @@ class AuditError(Exception):
 
 
 def audit_run(store: Store, run_id: str, *, tokenizer_dir: str | None = None) -> dict[str, Any]:
-    from stalewise.tokenizer import load_tokenizer
+    from core.tokenizer import load_tokenizer
     from tasks.chat import make_chat_format
     from tasks.chat.conformance import RecordedCall, audit_calls
     from tasks.loading import load_family

@@ -7,7 +7,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from sandboxes.api import SandboxLimits, SandboxSpec
+from core.sandbox import SandboxLimits, SandboxSpec
 from tasks.api import TaskLimits
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from engine.launch import EngineProcess
-from stalewise.config import parse_config
-from stalewise.config_errors import ConfigError
-from stalewise.engine_config import EngineConfig, EngineServerConfig
+from config.engine import EngineConfig, EngineServerConfig
+from config.errors import ConfigError
+from config.job import parse_config
+from orchestrator.engine_launch import EngineProcess
 
 NOT_DEFAULT = EngineServerConfig(max_batch=5, session_cache_mb=3.5, max_resident_versions=2,
                                  max_model_len=96, max_prefill_tokens=77, threads=2,

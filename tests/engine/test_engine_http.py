@@ -23,15 +23,15 @@ import httpx
 import pytest
 import torch
 
-from engine.launch import EngineProcess, LaunchError
-from orchestrator.engine_client import EngineTimeouts, engine_client
-from stalewise.engine_api import (
+from config.engine import EngineServerConfig
+from core.engine_api import (
     EngineError,
     GenerateRequest,
     SamplingParams,
     decode_generate_reply,
 )
-from stalewise.engine_config import EngineServerConfig
+from orchestrator.engine_client import EngineTimeouts, engine_client
+from orchestrator.engine_launch import EngineProcess, LaunchError
 
 pytestmark = pytest.mark.slow
 
@@ -320,7 +320,7 @@ def test_server_stops_cleanly(update_server):
 
 
 def test_client_module_does_not_import_torch():
-    code = ("import sys, orchestrator.engine_client, engine.launch; "
+    code = ("import sys, orchestrator.engine_client, orchestrator.engine_launch; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -389,7 +389,7 @@ def test_an_engine_does_not_outlive_a_crashed_parent(model_v0):
     import os
     import time
 
-    code = ("import sys, time; from engine.launch import EngineProcess; "
+    code = ("import sys, time; from orchestrator.engine_launch import EngineProcess; "
             f"p = EngineProcess.start({str(model_v0)!r}); print(p.pid, flush=True); time.sleep(120)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -416,7 +416,7 @@ def test_stopping_a_server_in_its_own_group_ends_the_helpers_it_left(tmp_path):
     import os
     import time
 
-    from engine.launch import _Child, group_members
+    from orchestrator.engine_launch import _Child, group_members
 
     server = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 600 & wait"],
                               start_new_session=True)

@@ -22,13 +22,13 @@ import httpx
 import pytest
 import torch
 
+from config.engine import EngineServerConfig
+from core.engine_api import EngineError, GenerateRequest, SamplingParams
 from engine.core import Engine
-from engine.launch import EngineProcess
 from engine.requests import EngineOutput, RequestError, SamplingSpec
 from engine.versions import VersionNotResident, plan_residency
 from orchestrator.engine_client import VersionNotResidentError, engine_client
-from stalewise.engine_api import EngineError, GenerateRequest, SamplingParams
-from stalewise.engine_config import EngineServerConfig
+from orchestrator.engine_launch import EngineProcess
 
 PROMPTS = [[10 + (5 * i + 3 * j) % 90 for j in range(7 + 2 * i)] for i in range(4)]
 SPEC = SamplingSpec(max_tokens=24, ignore_eos=True)

@@ -67,7 +67,7 @@ def test_smollm2_decodes_and_chunked_prefills_within_rounding(smollm2):
 
 
 def test_imported_checkpoint_has_tokenizer_and_template(smollm2_dir):
-    from stalewise.tokenizer import load_tokenizer
+    from core.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(smollm2_dir)
     assert len(tokenizer) == 49152

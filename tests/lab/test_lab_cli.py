@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from config.errors import ConfigError
 from lab.config import load_lab_config, parse_lab_config
 from lab.estimator_spec import PRESETS
 from stalewise.cli import app
-from stalewise.config_errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "configs" / "lab.toml"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from learner.config import LearnerConfig
+from config.learner import LearnerConfig
 from learner.distributed import init_process_group, leave_process_group, workers_from_env
 from learner.trainer import Learner
 

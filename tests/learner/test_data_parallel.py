@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 import torch
 
+from config.learner import Aggregation, LearnerConfig
+from core.children import child_env
 from engine.tiny import init_tiny
 from learner.batch import TrainingSample
-from learner.config import Aggregation, LearnerConfig
 from learner.distributed import combine_metrics, free_port, shard_groups, split_rows
 from learner.trainer import Learner
-from stalewise.children import child_env
 
 WORKER = Path(__file__).with_name("data_parallel_worker.py")
 MODES = typing.get_args(Aggregation)
@@ -233,7 +233,7 @@ def test_leaving_the_group_refuses_while_a_ddp_wrapper_is_alive(tiny, tmp_path):
     `Learner` not yet closed it raises before any collective, naming the fix; after `close()`
     it leaves, and the process exits 0 (a wrapper alive at exit can abort it, SIGABRT)."""
     script = (
-        "import sys\nfrom learner.config import LearnerConfig\n"
+        "import sys\nfrom config.learner import LearnerConfig\n"
         "from learner.distributed import init_process_group, leave_process_group, Workers\n"
         "from learner.trainer import Learner\n"
         "workers = Workers(rank=0, world_size=1)\n"

@@ -158,7 +158,7 @@ def test_missing_sink_packages_are_a_clear_error(tmp_path):
 
 
 def test_sample_from_segments_lays_out_context_and_model_calls():
-    from stalewise.records import SampledTokens
+    from core.records import SampledTokens
 
     call = SampledTokens(
         token_ids=[7, 8],

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.tokenizer import load_tokenizer
 from engine.tiny import init_tiny
 from learner.model import load_policy
-from stalewise.tokenizer import load_tokenizer
 from learner.publish import publish_version, tokenizer_files, version_dir, write_checkpoint
 
 

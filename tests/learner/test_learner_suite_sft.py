@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from config.learner import LearnerConfig, SftConfig
 from engine.tiny import init_tiny
-from learner.config import LearnerConfig, SftConfig
 from learner.sft import loss_token_logprobs, run_sft
 from learner.trainer import Learner
 from tasks import demonstration_samples, load_family

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from config.learner import LearnerConfig
+from core.tokenizer import load_tokenizer
 from engine.tiny import init_tiny
 from learner.batch import InMemorySource, take_batch
-from learner.config import LearnerConfig
 from learner.model import policy_outputs
-from stalewise.tokenizer import load_tokenizer
 from learner.sft import run_sft
 from learner.synthetic import sample_rl_batch, tool_call_demonstrations
 from learner.tensors import collate

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from learner.config import LearnerConfig
+from config.learner import LearnerConfig
+from core.records import FLOAT32, SampledTokens, unpack
+from core.store.store import Store, model_call_row
 from learner.model import policy_outputs
 from learner.store_source import StoreSource
 from learner.trainer import Learner
 from learner.trainer_logprobs import TrainerLogprobRecorder
-from stalewise.records import FLOAT32, SampledTokens, unpack
-from stalewise.store.store import Store, model_call_row
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def _stored_run(url: str, rounds: int = 1) -> Store:
 def _stored(store: Store) -> dict[int, tuple[int, int, np.ndarray]]:
     from sqlalchemy import select
 
-    from stalewise.store import schema as s
+    from core.store import schema as s
 
     table = s.TrainerLogprobs.__table__
     with store.engine.connect() as c:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import zlib
 from contextlib import asynccontextmanager
 
+from core.tiny_tokenizer import build_tiny_tokenizer
 from orchestrator.scripted_engine import LatencyModel, ScriptedEngine, ScriptedTurn
-from stalewise.tiny_tokenizer import build_tiny_tokenizer
 from tasks import Component, Rubric, TaskFamily, TaskInstance, TaskLimits, ToolContext, tool
 from tasks.chat import make_chat_format
 from tasks.testing import FakeSandbox

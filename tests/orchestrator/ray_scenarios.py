@@ -39,8 +39,8 @@ def wait_for(predicate, what: str):
 def generate(url: str, seed: int) -> dict:
     import anyio
 
+    from core.engine_api import GenerateRequest, SamplingParams
     from orchestrator.engine_client import engine_client
-    from stalewise.engine_api import GenerateRequest, SamplingParams
 
     async def once() -> dict:
         async with engine_client(url) as client:
@@ -59,11 +59,11 @@ def placement(report: dict, workdir: Path, pg_url: str, model: Path, address: st
     refused with the reason."""
     import ray
 
+    from config.cluster import RoleResources
+    from config.engine import EngineServerConfig
+    from core.store.store import Store
     from orchestrator.cluster.launch import CommandLaunch, EngineLaunch
     from orchestrator.cluster.placement import PlacementError, RoleGroup
-    from stalewise.cluster_config import RoleResources
-    from stalewise.engine_config import EngineServerConfig
-    from stalewise.store.store import Store
 
     ray.init(address=address, namespace="stalewise-test", log_to_driver=False)
     run_id = "ray-placement"
@@ -186,7 +186,7 @@ def job(report: dict, workdir: Path, pg_url: str, model: Path, address: str) -> 
     job's own process is the driver, as a user would run it."""
     from sqlalchemy import text
 
-    from stalewise.store.store import Store
+    from core.store.store import Store
 
     config = workdir / "job.toml"
     second_docker = os.environ["STALEWISE_TEST_SECOND_DOCKER"]

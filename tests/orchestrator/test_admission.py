@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from config.job import AdmissionConfig
 from orchestrator.admission import MemberOutcome, decide_group, decide_member, overlong_penalty
-from stalewise.config import AdmissionConfig
 
 V = 10  # learner version at decision time
 MAX_TOKENS = 100

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
+from config.cluster import ClusterConfig, RoleResources
 from orchestrator.cluster.host import ChildHost
 from orchestrator.cluster.launch import CommandLaunch
 from orchestrator.cluster.placement import PlacementError, bundle, connect
-from stalewise.cluster_config import ClusterConfig, RoleResources
 
 HANG_GUARD_S = 120.0
 

@@ -18,12 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from orchestrator.engine_client import (
-    EmbeddedEngineClient,
-    VllmEngineClient,
-    engine_client,
-)
-from stalewise.engine_api import (
+from core.engine_api import (
     EngineError,
     GenerateBody,
     GenerateRequest,
@@ -33,7 +28,12 @@ from stalewise.engine_api import (
     VersionNotResidentError,
     encode_generate_reply,
 )
-from stalewise.records import SampledTokens
+from core.records import SampledTokens
+from orchestrator.engine_client import (
+    EmbeddedEngineClient,
+    VllmEngineClient,
+    engine_client,
+)
 
 URL = "http://engine.test"
 Handler = Callable[[httpx.Request], httpx.Response]

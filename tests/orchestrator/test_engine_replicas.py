@@ -10,9 +10,9 @@ import signal
 import anyio
 import pytest
 
+from config.job import parse_config
+from core.engine_api import GenerateRequest, SamplingParams
 from orchestrator.engine_replicas import LocalReplicas, job_engine_client
-from stalewise.config import parse_config
-from stalewise.engine_api import GenerateRequest, SamplingParams
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -22,10 +22,10 @@ import pytest
 from sqlalchemy import func, select
 from test_job_faults import containers_of, start, wait_for, write_config
 
+from core.store import schema as s
+from core.store.store import Store
 from sandboxes import labels as lab
 from sandboxes.image import BASE_IMAGE
-from stalewise.store import schema as s
-from stalewise.store.store import Store
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 REMOVED = re.compile(r"removed orphan sandbox (\S+): (.+)")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from stalewise.store import schema as s
-from stalewise.store.store import Store
+from core.store import schema as s
+from core.store.store import Store
 from tests.orchestrator.test_job_faults import (
     _argv,
     check_exactly_once,

@@ -25,9 +25,9 @@ import docker
 import pytest
 from sqlalchemy import select
 
+from core.store import schema as s
+from core.store.store import Store
 from sandboxes.labels import RUN_ID
-from stalewise.store import schema as s
-from stalewise.store.store import Store
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

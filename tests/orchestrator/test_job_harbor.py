@@ -10,8 +10,8 @@ import anyio
 import pytest
 from sqlalchemy import select
 
-from stalewise.config import load_config
-from stalewise.store import schema as s
+from config.job import load_config
+from core.store import schema as s
 from tasks import load_family
 from tasks.mcp import McpServerConfig, discover_tools, with_tools
 from tests.orchestrator.test_job_faults import (

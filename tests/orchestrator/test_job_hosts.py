@@ -17,12 +17,19 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
-from test_job_faults import (check_exactly_once, learner_steps, open_store, running, start,
-                             wait_for, write_config)
+from test_job_faults import (
+    check_exactly_once,
+    learner_steps,
+    open_store,
+    running,
+    start,
+    wait_for,
+    write_config,
+)
 
+from core.store import schema as s
 from sandboxes.cleanup import list_containers
 from sandboxes.labels import RUN_ID
-from stalewise.store import schema as s
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 STEPS = 6  # steps left after the loss: trajectories in flight still need their sandbox

@@ -29,9 +29,9 @@ from test_job_faults import (
     write_config,
 )
 
-from stalewise.engine_api import METRICS_ROUTE
-from stalewise.records import INT32, unpack
-from stalewise.store import schema as s
+from core.engine_api import METRICS_ROUTE
+from core.records import INT32, unpack
+from core.store import schema as s
 
 pytestmark = pytest.mark.slow
 STEPS = 5  # long enough that the job outlives the kill by a few seconds on a fast machine

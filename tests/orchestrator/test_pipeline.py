@@ -15,15 +15,15 @@ import pytest
 from pipeline_fixtures import CHAT, coin_engine, coin_family, fake_sandbox
 from sqlalchemy import select
 
+from config.job import parse_config
+from core.engine_api import VersionNotResidentError
+from core.store import schema as s
+from core.store.store import Store
 from orchestrator.pinning import PinnedEngine, PinOnFirstCall
 from orchestrator.pipeline import Pipeline
 from orchestrator.scripted_engine import LatencyModel
 from orchestrator.testing import FakeLearner, VersionedEngine
 from orchestrator.writer import running_writer
-from stalewise.config import parse_config
-from stalewise.engine_api import VersionNotResidentError
-from stalewise.store import schema as s
-from stalewise.store.store import Store
 
 
 def run_pipeline(url: str, overrides: dict, *, step_s: float = 0.0, latency=None):
@@ -160,7 +160,7 @@ class FlakyEngine:
         self.went_down = anyio.Event()
 
     async def generate(self, request):
-        from stalewise.engine_api import EngineError
+        from core.engine_api import EngineError
 
         self.calls += 1
         if self.calls == self.down_at_call:
@@ -310,9 +310,9 @@ def test_kv_lag_is_per_token_so_a_recomputed_cache_has_none(sqlite_url):
     every token's KV is as new as its weights, lag 0, though it too spans two versions."""
     import time
 
+    from core.records import SampledTokens
+    from core.store.store import model_call_row
     from orchestrator.report import kv_lag_by_trajectory, rollout_dynamics
-    from stalewise.records import SampledTokens
-    from stalewise.store.store import model_call_row
 
     store = Store.open(sqlite_url, create=True)
     store.create_run("r", name="r", config={}, pipeline_mode="inflight")

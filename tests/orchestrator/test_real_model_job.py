@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stalewise.store.store import Store
+from core.store.store import Store
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

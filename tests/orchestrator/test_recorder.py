@@ -10,12 +10,12 @@ import time
 import anyio
 import numpy as np
 
+from core.engine_api import SamplingParams
+from core.records import SampledTokens
+from core.store.store import Store
 from orchestrator.recorder import SqlRecorder
 from orchestrator.rollout_types import ModelCallRecord
 from orchestrator.writer import StoreWriter
-from stalewise.engine_api import SamplingParams
-from stalewise.records import SampledTokens
-from stalewise.store.store import Store
 
 
 def _record(tid: int, turn: int, segment_break: str | None) -> ModelCallRecord:

@@ -10,16 +10,16 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from orchestrator.pinning import PinOnFirstCall
-from orchestrator.replicas import ReplicaRouter
-from orchestrator.scripted_engine import ScriptedEngine, ScriptedTurn
-from stalewise.engine_api import (
+from core.engine_api import (
     EngineError,
     GenerateRequest,
     GenerateResult,
     SamplingParams,
     VersionNotResidentError,
 )
+from orchestrator.pinning import PinOnFirstCall
+from orchestrator.replicas import ReplicaRouter
+from orchestrator.scripted_engine import ScriptedEngine, ScriptedTurn
 
 pytestmark = pytest.mark.anyio
 STOP = 2

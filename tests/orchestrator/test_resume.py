@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
+from core.store.store import Store
 from orchestrator.resume import ResumeError, check_resumable, recover_run
-from stalewise.store.store import Store
 
 
 def test_resume_refuses_a_missing_a_finished_and_a_live_run(sqlite_url):

@@ -18,11 +18,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core.engine_api import SamplingParams
+from core.tiny_tokenizer import MARKUP_TOKENS, build_tiny_tokenizer
 from orchestrator.rollout import run_trajectory, start_sandbox
 from orchestrator.rollout_types import MemoryRecorder
 from orchestrator.scripted_engine import ScriptedEngine, ScriptedTurn
-from stalewise.engine_api import SamplingParams
-from stalewise.tiny_tokenizer import MARKUP_TOKENS, build_tiny_tokenizer
 from tasks import Component, Rubric, TaskInstance, TaskLimits, ToolContext, tool
 from tasks.chat import HermesChatFormat, TemplateChatFormat
 from tasks.testing import FakeSandbox

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from trio.testing import MockClock
 
+from core.engine_api import EngineError, GenerateRequest, SamplingParams
 from orchestrator.scripted_engine import LatencyModel, ScriptedEngine, ScriptedTurn
-from stalewise.engine_api import EngineError, GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.anyio
 STOP = 2

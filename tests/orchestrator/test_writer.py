@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from core.records import SampledTokens
+from core.store.outage import Outage, StoreUnavailable, transient
+from core.store.store import Store, model_call_row
 from orchestrator.writer import StoreWriter, WriterStopped, running_writer
-from stalewise.records import SampledTokens
-from stalewise.store.outage import Outage, StoreUnavailable, transient
-from stalewise.store.store import Store, model_call_row
 
 
 def _row(trajectory_id: int, turn: int) -> dict:

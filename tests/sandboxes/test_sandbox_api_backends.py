@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator
 import anyio
 import pytest
 
-from sandboxes.api import Sandbox, SandboxError, SandboxLimits, SandboxSpec
+from core.sandbox import Sandbox, SandboxError, SandboxLimits, SandboxSpec
 from sandboxes.docker_backend import DockerSandbox
 from sandboxes.local_backend import LocalSandbox
 

@@ -14,20 +14,20 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import anyio
-from anyio import wait_all_tasks_blocked
 import pytest
+from anyio import wait_all_tasks_blocked
 
-from sandboxes.api import HostUnreachable, SandboxSpec
+from config.errors import ConfigError
+from config.job import parse_config
+from config.sandbox_hosts import DockerHostConfig
+from core.sandbox import HostUnreachable, SandboxSpec
 from sandboxes.backends import open_pool
 from sandboxes.cleanup import list_containers
 from sandboxes.docker_backend import DockerSandbox
 from sandboxes.engine import connect, docker_host
-from sandboxes.host_config import DockerHostConfig
 from sandboxes.hosts import HostSet, SshForward
 from sandboxes.image import build_image, image_exists
 from sandboxes.pool import SandboxPool
-from stalewise.config import parse_config
-from stalewise.config_errors import ConfigError
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ import secrets
 import anyio
 import pytest
 
-from sandboxes.api import ImageBuild, SandboxError, SandboxSpec
+from core.sandbox import ImageBuild, SandboxError, SandboxSpec
 from sandboxes.docker_backend import DockerSandbox
 from sandboxes.image import ensure_image, from_images, map_from_images
 

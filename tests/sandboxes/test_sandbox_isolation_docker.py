@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator
 import anyio
 import pytest
 
-from sandboxes.api import SandboxError, SandboxLimits, SandboxSpec
+from core.sandbox import SandboxError, SandboxLimits, SandboxSpec
 from sandboxes.docker_backend import DockerSandbox
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
@@ -235,7 +235,7 @@ async def test_missing_image_is_a_clear_error(docker_client: Any) -> None:
 
 
 def test_orchestrator_module_does_not_need_docker_sdk_at_import() -> None:
-    code = ("import sys; import sandboxes.api, sandboxes.cli, sandboxes.pool; "
+    code = ("import sys; import core.sandbox, sandboxes.cli, sandboxes.pool; "
             "print('docker' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -8,8 +8,8 @@ from typing import Any
 import anyio
 import pytest
 
+from core.sandbox import Sandbox, SandboxError, SandboxSpec
 from sandboxes import labels as lab
-from sandboxes.api import Sandbox, SandboxError, SandboxSpec
 from sandboxes.docker_backend import DockerSandbox
 from sandboxes.local_backend import LocalSandbox
 from sandboxes.pool import SandboxPool

@@ -11,9 +11,9 @@ import sys
 import pytest
 from pydantic import ValidationError
 
+from core.sandbox import SandboxLimits, SandboxSpec
 from sandboxes import labels as lab
 from sandboxes.agent import CUT_MARKER, Capture
-from sandboxes.api import SandboxLimits, SandboxSpec
 
 
 def _capture(chunks: list[bytes], cap: int) -> dict:

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from core.records import SampledTokens
+from core.store.store import Store, model_call_row
+from core.tiny_tokenizer import save_tiny_tokenizer
 from stalewise.cli import app
-from stalewise.records import SampledTokens
-from stalewise.store.store import Store, model_call_row
-from stalewise.tiny_tokenizer import save_tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()

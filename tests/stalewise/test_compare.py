@@ -11,8 +11,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from core.store.store import Store
 from stalewise.cli import app
-from stalewise.store.store import Store
 
 pytestmark = [pytest.mark.slow]
 
@@ -104,7 +104,7 @@ def test_compare_two_tiny_jobs(tmp_path):
 def eval_trajectories(out: Path, run_id: str) -> int:
     from sqlalchemy import func, select
 
-    from stalewise.store import schema as s
+    from core.store import schema as s
 
     t = s.Trajectory.__table__
     store = Store.open(f"sqlite:///{out / 'compare.db'}")

@@ -15,9 +15,9 @@ import math
 import pytest
 from typer.testing import CliRunner
 
+from core.store import audit
+from core.store.store import Store
 from stalewise.cli import app
-from stalewise.store import audit
-from stalewise.store.store import Store
 
 pytestmark = [pytest.mark.slow]
 runner = CliRunner()

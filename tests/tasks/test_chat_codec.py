@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from stalewise.tiny_tokenizer import CHAT_TEMPLATE, build_tiny_tokenizer
+from core.tiny_tokenizer import CHAT_TEMPLATE, build_tiny_tokenizer
 from tasks.builtin_tools import python
 from tasks.chat import HermesChatFormat, TemplateChatFormat
 from tasks.chat.codec import SplitEncoder, TokenCodec

@@ -7,7 +7,7 @@ from chat_tokenizers import byte_level_bpe
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
-from stalewise.tiny_tokenizer import build_tiny_tokenizer
+from core.tiny_tokenizer import build_tiny_tokenizer
 from tasks.builtin_tools import python, write_file
 from tasks.chat import HermesChatFormat, TemplateChatFormat, make_chat_format
 from tasks.chat.conversation import Conversation

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stalewise.config import parse_config
+from config.job import parse_config
 from tasks import load_family
 from tasks.harbor import REWARD_FILES, workdir_of
 from tasks.loading import TaskLoadError

@@ -12,6 +12,9 @@ import anyio
 import pytest
 from typer.testing import CliRunner
 
+from config.job import AdmissionConfig
+from core.engine_api import SamplingParams
+from core.tiny_tokenizer import build_tiny_tokenizer
 from orchestrator.admission import decide_group
 from orchestrator.groups import member_outcome
 from orchestrator.rollout import run_trajectory, start_sandbox
@@ -19,9 +22,6 @@ from orchestrator.rollout_types import MemoryRecorder, TrajectoryStatus
 from orchestrator.scripted_engine import ScriptedEngine, turns_from_texts
 from sandboxes.docker_backend import DockerSandbox
 from stalewise.cli import app
-from stalewise.config import AdmissionConfig
-from stalewise.engine_api import SamplingParams
-from stalewise.tiny_tokenizer import build_tiny_tokenizer
 from tasks import load_family
 from tasks.chat import HermesChatFormat
 from tests.tasks.harbor_support import BASE_MAP, EXAMPLES, copy_task

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
+from config.job import parse_config
 from orchestrator.rollout import use_sandbox
 from orchestrator.rollout_types import TrajectoryStatus
-from stalewise.config import parse_config
 from tasks import load_family
 from tasks.mcp import McpServerConfig, discover_tools, mcp_tool, observation, with_tools
 from tasks.testing import FakeSandbox

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from core.sandbox import ImageBuild, SandboxLimits, SandboxSpec
 from orchestrator.rollout import start_sandbox
 from orchestrator.rollout_types import TrajectoryStatus
-from sandboxes.api import ImageBuild, SandboxLimits, SandboxSpec
 from sandboxes.docker_backend import DockerSandbox
 from sandboxes.engine import connect
 from sandboxes.image import ensure_image, image_exists

@@ -11,13 +11,13 @@ from pathlib import Path
 import anyio
 import pytest
 
+from core.engine_api import SamplingParams
+from core.tiny_tokenizer import build_tiny_tokenizer
 from orchestrator.rollout import run_trajectory, start_sandbox
 from orchestrator.rollout_types import MemoryRecorder, TrajectoryStatus
 from orchestrator.scripted_engine import ScriptedEngine, turns_from_texts
 from sandboxes.docker_backend import DockerSandbox
 from sandboxes.pool import SandboxPool
-from stalewise.engine_api import SamplingParams
-from stalewise.tiny_tokenizer import build_tiny_tokenizer
 from tasks import load_family
 from tasks.builtin_tools import bash, python, read_file, write_file
 from tasks.chat import HermesChatFormat

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 from pydantic import ValidationError
 
-from sandboxes.api import SandboxSpec
-from stalewise.tiny_tokenizer import build_tiny_tokenizer
+from core.sandbox import SandboxSpec
+from core.tiny_tokenizer import build_tiny_tokenizer
 from tasks import Component, Rubric, TaskFamily, TaskInstance, TaskLimits, demonstration_samples
 from tasks.builtin_tools import bash, python
 from tasks.chat import HermesChatFormat

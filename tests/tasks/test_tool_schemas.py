@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandboxes.api import ExecResult
+from core.sandbox import ExecResult
 from tasks.builtin_tools import bash, python, read_file, write_file
 from tasks.schema import ToolDefinitionError, parse_docstring
 from tasks.suites import arith, codefix, longhaul

@@ -16,7 +16,6 @@ import pytest
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
-
 from viewer_support import screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from stalewise.records import SampledTokens
-from stalewise.store.store import Store, model_call_row
-from stalewise.tiny_tokenizer import save_tiny_tokenizer
+from core.records import SampledTokens
+from core.store.store import Store, model_call_row
+from core.tiny_tokenizer import save_tiny_tokenizer
 from viewer.app import create_app
 from viewer.html import esc, json_for_script
 from viewer.svg import line_chart

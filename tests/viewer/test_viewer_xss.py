@@ -17,10 +17,10 @@ import pytest
 from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
 from tokenizers import Tokenizer
-
-from stalewise.records import SampledTokens
-from stalewise.store.store import Store, model_call_row
 from viewer_support import screenshot
+
+from core.records import SampledTokens
+from core.store.store import Store, model_call_row
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -1,0 +1,168 @@
+"""Connecting to the store, migrating it, and refusing a schema that is not at head.
+
+SQLite (the default) runs in WAL mode with a busy timeout, and every transaction starts with
+`BEGIN IMMEDIATE`: a writer takes the write lock before it reads, so read-then-write logic
+(sequence numbers, get-or-create) cannot interleave with another writer's and produce duplicates.
+PostgreSQL is selected by URL (`postgresql+psycopg://...`); there, sequence numbers come from
+an atomic `UPDATE ... RETURNING` on the run row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.engine import make_url
+
+from core.store import migrations
+
+MIGRATIONS_DIR = Path(migrations.__file__).parent
+DEFAULT_URL = "sqlite:///var/stalewise.db"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+class StaleSchemaError(RuntimeError):
+    """The database schema is not at the migrations' head."""
+
+
+def normalize_url(url: str) -> str:
+    """Accept a plain file path for SQLite and the driverless `postgresql://` form."""
+    if "://" not in url:
+        return f"sqlite:///{url}"
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def make_engine(url: str = DEFAULT_URL) -> Engine:
+    url = normalize_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=8)
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
+                                              "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None  # we issue BEGIN ourselves, below
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def make_readonly_engine(url: str = DEFAULT_URL) -> Engine:
+    """An engine that cannot write: SQLite opened with `mode=ro` (plain deferred transactions,
+    no write lock taken), PostgreSQL sessions with `default_transaction_read_only` on. For
+    readers such as `stalewise view`; a missing SQLite file is an error, never created."""
+    url = normalize_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=4,
+                             connect_args={"options": "-c default_transaction_read_only=on"})
+    path = Path(parsed.database or "")
+    if not path.is_file():
+        raise FileNotFoundError(f"no SQLite database at {path}; pass the --url of a run's store")
+    ro_url = f"sqlite:///file:{path.resolve()}?mode=ro&uri=true"
+    engine = create_engine(ro_url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
+                                                 "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None
+        dbapi_connection.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+
+    @event.listens_for(engine, "begin")
+    def _begin_deferred(connection) -> None:
+        connection.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+def open_readonly_engine(url: str = DEFAULT_URL) -> Engine:
+    """A read-only engine on a store at head (StaleSchemaError says how to migrate)."""
+    engine = make_readonly_engine(url)
+    try:
+        check_schema(engine, normalize_url(url))
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
+
+
+def alembic_config(url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    return config
+
+
+def head_revision() -> str:
+    return ScriptDirectory.from_config(alembic_config(DEFAULT_URL)).get_current_head()
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def _migrate(url: str, step, revision: str) -> None:
+    """Run an Alembic command on our own connection (so SQLite gets its pragmas and locking)."""
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            config = alembic_config(url)
+            config.attributes["connection"] = connection
+            step(config, revision)
+    finally:
+        engine.dispose()
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    _migrate(url, command.upgrade, revision)
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    _migrate(url, command.downgrade, revision)
+
+
+def check_schema(engine: Engine, url: str) -> None:
+    """Raise StaleSchemaError, naming the command that fixes it, unless the schema is at head."""
+    current, head = current_revision(engine), head_revision()
+    if current != head:
+        state = "has no stalewise schema" if current is None else f"is at revision {current}"
+        raise StaleSchemaError(
+            f"database {url} {state}, but this stalewise needs revision {head}; "
+            f"run: stalewise db upgrade --url {url}"
+        )
+
+
+def open_store_engine(url: str = DEFAULT_URL, *, create: bool = False) -> Engine:
+    """An engine on a store at head. With `create`, a new (empty) database gets the schema;
+    a database at an older revision is never migrated implicitly: StaleSchemaError says how."""
+    engine = make_engine(url)
+    tables = set(inspect(engine).get_table_names()) - {"alembic_version"}
+    if create and current_revision(engine) is None and not tables:
+        engine.dispose()
+        upgrade(url)
+        engine = make_engine(url)
+    try:
+        check_schema(engine, url)
+    except StaleSchemaError:
+        engine.dispose()
+        raise
+    return engine

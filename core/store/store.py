@@ -1,0 +1,537 @@
+"""The trajectory store: typed, synchronous writes and reads over SQLAlchemy Core.
+
+Guarantees:
+- every write method is one transaction (on SQLite it takes the write lock up front);
+- `admit` inserts the decision row and the learner-stream entry in one transaction, with a
+  sequence number drawn atomically from `runs.stream_head`: admitted trajectories are numbered
+  1, 2, 3, ... with no gap and no repeat, whatever the number of concurrent writers;
+- `insert_model_calls` checks that every per-token array of a call has the same length.
+
+Async callers run these methods in a worker thread (`anyio.to_thread.run_sync`); the orchestrator
+batches its writes through `StoreWriter` so that the event loop never waits on the disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+from sqlalchemy import Connection, Engine, bindparam, func, insert, select, text, update
+from sqlalchemy.exc import DBAPIError
+
+from core.records import FLOAT32, INT32, UINT8, SampledTokens, pack, unpack
+from core.store import schema as s
+from core.store.db import DEFAULT_URL, normalize_url, open_readonly_engine, open_store_engine
+from core.store.outage import StoreUnavailable, transient
+
+
+def now() -> float:
+    return time.time()
+
+
+def model_call_row(*, trajectory_id: int, turn: int, segment: int, context_len: int,
+                   prompt_token_ids: Sequence[int] | np.ndarray, tokens: SampledTokens,
+                   sampling: dict[str, Any] | str, engine_id: str, finish_reason: str,
+                   cached_prompt_tokens: int, started_at: float, finished_at: float,
+                   loss_mask: np.ndarray | None = None) -> dict[str, Any]:
+    """One `model_calls` row; the loss mask defaults to 1 on every sampled token. `sampling` is
+    the request's sampling parameters, as a dict or already encoded as JSON."""
+    if loss_mask is None:
+        loss_mask = np.ones(len(tokens), dtype=UINT8)
+    if len(loss_mask) != len(tokens):
+        raise ValueError(f"loss_mask has {len(loss_mask)} entries for {len(tokens)} tokens")
+    return dict(
+        trajectory_id=trajectory_id, turn=turn, segment=segment, context_len=context_len,
+        num_tokens=len(tokens),
+        prompt_token_ids=pack(prompt_token_ids, INT32),
+        token_ids=tokens.token_ids.tobytes(),
+        sampler_logprobs=tokens.sampler_logprobs.tobytes(),
+        weights_versions=tokens.weights_versions.tobytes(),
+        kv_versions=tokens.kv_versions.tobytes(),
+        time_offsets=tokens.time_offsets.tobytes(),
+        loss_mask=pack(loss_mask, UINT8),
+        topk=tokens.topk,
+        topk_ids=None if tokens.topk_ids is None else tokens.topk_ids.tobytes(),
+        topk_logprobs=None if tokens.topk_logprobs is None else tokens.topk_logprobs.tobytes(),
+        sampling=sampling, engine_id=engine_id, finish_reason=finish_reason,
+        cached_prompt_tokens=cached_prompt_tokens, started_at=started_at, finished_at=finished_at,
+    )
+
+
+@dataclass(frozen=True)
+class StoredModelCall:
+    """A decoded `model_calls` row."""
+
+    id: int
+    trajectory_id: int
+    turn: int
+    segment: int
+    context_len: int
+    prompt_token_ids: np.ndarray
+    tokens: SampledTokens
+    loss_mask: np.ndarray
+    sampling: dict[str, Any]
+    engine_id: str
+    finish_reason: str
+    cached_prompt_tokens: int
+    started_at: float
+    finished_at: float
+
+
+def decode_model_call(row: Any) -> StoredModelCall:
+    k = row.topk
+    tokens = SampledTokens(
+        token_ids=unpack(row.token_ids, INT32),
+        sampler_logprobs=unpack(row.sampler_logprobs, FLOAT32),
+        weights_versions=unpack(row.weights_versions, INT32),
+        kv_versions=unpack(row.kv_versions, INT32),
+        time_offsets=unpack(row.time_offsets, FLOAT32),
+        topk_ids=unpack(row.topk_ids, INT32, k) if k else None,
+        topk_logprobs=unpack(row.topk_logprobs, FLOAT32, k) if k else None,
+    )
+    return StoredModelCall(
+        id=row.id, trajectory_id=row.trajectory_id, turn=row.turn, segment=row.segment,
+        context_len=row.context_len, prompt_token_ids=unpack(row.prompt_token_ids, INT32),
+        tokens=tokens, loss_mask=unpack(row.loss_mask, UINT8), sampling=row.sampling,
+        engine_id=row.engine_id, finish_reason=row.finish_reason,
+        cached_prompt_tokens=row.cached_prompt_tokens, started_at=row.started_at,
+        finished_at=row.finished_at,
+    )
+
+
+def _raw_insert(table_name: str, columns: Sequence[str]):
+    """An INSERT without SQLAlchemy's per-value type processing (the hot path: thousands of
+    rows per second). Values must already be driver-ready: bytes, numbers, JSON as text."""
+    names = ", ".join(f'"{c}"' for c in columns)
+    values = ", ".join(f":{c}" for c in columns)
+    return text(f"INSERT INTO {table_name} ({names}) VALUES ({values})")
+
+
+_MODEL_CALL_COLUMNS = [c.name for c in s.ModelCall.__table__.columns if c.name != "id"]
+_TOOL_CALL_COLUMNS = [c.name for c in s.ToolCall.__table__.columns if c.name != "id"]
+_INSERT_MODEL_CALL = _raw_insert("model_calls", _MODEL_CALL_COLUMNS)
+_INSERT_TOOL_CALL = _raw_insert("tool_calls", _TOOL_CALL_COLUMNS)
+
+
+def _driver_ready(rows: Sequence[dict[str, Any]], json_columns: Sequence[str]) -> list[dict]:
+    out = []
+    for row in rows:
+        row = dict(row)
+        for column in json_columns:
+            value = row.get(column)
+            if value is not None and not isinstance(value, str):
+                row[column] = json.dumps(value)
+        out.append(row)
+    return out
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class Store:
+    """All reads and writes of one database. Thread-safe (one connection per call)."""
+
+    def __init__(self, engine: Engine, url: str = DEFAULT_URL) -> None:
+        self.engine = engine
+        self.url = url
+
+    @classmethod
+    def open(cls, url: str = DEFAULT_URL, *, create: bool = False) -> "Store":
+        url = normalize_url(url)
+        return cls(open_store_engine(url, create=create), url)
+
+    @classmethod
+    def open_readonly(cls, url: str = DEFAULT_URL) -> "Store":
+        """A store whose every write fails (the database refuses it): for viewers."""
+        url = normalize_url(url)
+        return cls(open_readonly_engine(url), url)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ---------------------------------------------------------------- runs
+    def create_run(self, run_id: str, *, name: str, config: dict[str, Any],
+                   pipeline_mode: str) -> None:
+        with self.engine.begin() as c:
+            c.execute(insert(s.Run.__table__).values(
+                id=run_id, name=name, status="running", pipeline_mode=pipeline_mode,
+                config=config, config_hash=config_hash(config), created_at=now(),
+                host=socket.gethostname(), pid=os.getpid(), stream_head=0))
+
+    def set_run_status(self, run_id: str, status: str, *, error: str | None = None,
+                       summary: dict[str, Any] | None = None, pid: int | None = None,
+                       host: str | None = None) -> None:
+        values: dict[str, Any] = {"status": status}
+        if status in ("finished", "failed", "aborted"):
+            values["finished_at"] = now()
+        if error is not None:
+            values["error"] = error
+        if summary is not None:
+            values["summary"] = summary
+        if pid is not None:
+            values["pid"] = pid
+        if host is not None:
+            values["host"] = host
+        with self.engine.begin() as c:
+            c.execute(update(s.Run.__table__).where(s.Run.id == run_id).values(**values))
+
+    def run(self, run_id: str) -> Any | None:
+        with self.engine.connect() as c:
+            return c.execute(select(s.Run.__table__).where(s.Run.id == run_id)).first()
+
+    def runs(self, limit: int = 50) -> list[Any]:
+        with self.engine.connect() as c:
+            return list(c.execute(select(s.Run.__table__)
+                                  .order_by(s.Run.created_at.desc()).limit(limit)))
+
+    def run_is_finished(self, run_id: str) -> bool:
+        """Nothing more will come from this run here: it ended, or this store never saw it
+        (the learner's question). Not a test of who owns a container (sandboxes.labels)."""
+        row = self.run(run_id)
+        return row is None or row.status != "running"
+
+    # ---------------------------------------------------------------- tasks and groups
+    def task_instance_id(self, run_id: str, *, family: str, key: str, content_hash: str,
+                         difficulty: str = "", prompt: str = "",
+                         meta: dict[str, Any] | None = None) -> int:
+        """Get or create the row of a task instance (unique per run, family and key)."""
+        table = s.TaskInstance.__table__
+        where = (table.c.run_id == run_id) & (table.c.family == family) & (table.c.key == key)
+        with self.engine.begin() as c:
+            existing = c.execute(select(table.c.id).where(where)).scalar()
+            if existing is not None:
+                return existing
+            return c.execute(insert(table).values(
+                run_id=run_id, family=family, key=key, content_hash=content_hash,
+                difficulty=difficulty, prompt=prompt, meta=meta)).inserted_primary_key[0]
+
+    def create_group(self, run_id: str, task_instance_id: int, *, size: int,
+                     dispatch_version: int) -> int:
+        with self.engine.begin() as c:
+            return c.execute(insert(s.Group.__table__).values(
+                run_id=run_id, task_instance_id=task_instance_id, size=size, status="open",
+                dispatch_version=dispatch_version, created_at=now())).inserted_primary_key[0]
+
+    def create_group_with_trajectories(self, run_id: str, **kw: Any) -> tuple[int, int, list[int]]:
+        """Task instance (get or create), a group and its `size` queued trajectories, in one
+        transaction; returns (task instance id, group id, trajectory ids by sample index)."""
+        with self.engine.begin() as c:
+            return self.create_group_in(c, run_id, **kw)
+
+    @staticmethod
+    def create_group_in(c: Connection, run_id: str, *, family: str, key: str, content_hash: str,
+                        difficulty: str, prompt: str, size: int,
+                        dispatch_version: int) -> tuple[int, int, list[int]]:
+        tasks, groups, trajectories = (s.TaskInstance.__table__, s.Group.__table__,
+                                       s.Trajectory.__table__)
+        stamp = now()
+        instance = c.execute(select(tasks.c.id).where(
+            (tasks.c.run_id == run_id) & (tasks.c.family == family) & (tasks.c.key == key))
+        ).scalar()
+        if instance is None:
+            instance = c.execute(insert(tasks).values(
+                run_id=run_id, family=family, key=key, content_hash=content_hash,
+                difficulty=difficulty, prompt=prompt)).inserted_primary_key[0]
+        group = c.execute(insert(groups).values(
+            run_id=run_id, task_instance_id=instance, size=size, status="open",
+            dispatch_version=dispatch_version, created_at=stamp)).inserted_primary_key[0]
+        rows = [dict(run_id=run_id, group_id=group, task_instance_id=instance, sample_index=i,
+                     attempt=0, status="queued", queued_at=stamp,
+                     dispatch_version=dispatch_version, purpose="train") for i in range(size)]
+        ids = c.execute(insert(trajectories).returning(trajectories.c.id,
+                                                       sort_by_parameter_order=True),
+                        rows).scalars().all()
+        return instance, group, list(ids)
+
+    def count_groups(self, run_id: str) -> int:
+        return self.count(s.Group, run_id=run_id)
+
+    def set_group_status(self, group_id: int, status: str) -> None:
+        values: dict[str, Any] = {"status": status}
+        if status != "open":
+            values["completed_at"] = now()
+        with self.engine.begin() as c:
+            c.execute(update(s.Group.__table__).where(s.Group.id == group_id).values(**values))
+
+    # ---------------------------------------------------------------- trajectories
+    def create_trajectory(self, run_id: str, **kw: Any) -> int:
+        with self.engine.begin() as c:
+            return self.create_trajectory_in(c, run_id, **kw)
+
+    @staticmethod
+    def create_trajectory_in(c: Connection, run_id: str, *, group_id: int | None,
+                             task_instance_id: int | None, sample_index: int = 0,
+                             attempt: int = 0, dispatch_version: int = 0,
+                             status: str = "queued", purpose: str = "train") -> int:
+        return c.execute(insert(s.Trajectory.__table__).values(
+            run_id=run_id, group_id=group_id, task_instance_id=task_instance_id,
+            sample_index=sample_index, attempt=attempt, status=status, queued_at=now(),
+            dispatch_version=dispatch_version, purpose=purpose)).inserted_primary_key[0]
+
+    def update_trajectory(self, trajectory_id: int, **values: Any) -> None:
+        with self.engine.begin() as c:
+            c.execute(update(s.Trajectory.__table__)
+                      .where(s.Trajectory.id == trajectory_id).values(**values))
+
+    def insert_trajectories(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Bulk insert of complete trajectory rows with explicit ids (tools, benchmarks)."""
+        with self.engine.begin() as c:
+            c.execute(insert(s.Trajectory.__table__), list(rows))
+
+    def trajectory(self, trajectory_id: int) -> Any | None:
+        with self.engine.connect() as c:
+            return c.execute(select(s.Trajectory.__table__)
+                             .where(s.Trajectory.id == trajectory_id)).first()
+
+    # ---------------------------------------------------------------- model and tool calls
+    def insert_model_calls(self, rows: Sequence[dict[str, Any]]) -> None:
+        self.write_batch(model_calls=rows)
+
+    def insert_tool_calls(self, rows: Sequence[dict[str, Any]]) -> None:
+        self.write_batch(tool_calls=rows)
+
+    def write_batch(self, *, model_calls: Sequence[dict[str, Any]] = (),
+                    tool_calls: Sequence[dict[str, Any]] = (),
+                    trajectory_updates: Iterable[tuple[int, dict[str, Any]]] = (),
+                    then: Sequence[Callable[[Connection], Any]] = ()) -> list[Any]:
+        """Model calls, tool calls, trajectory updates, then the `then` callables (in order), all
+        in one transaction; returns the callables' results. Model-call and tool-call rows (from
+        `model_call_row` and the recorder) take the raw insert path. A transient failure (disk
+        full, server gone: `outage.transient`) raises `StoreUnavailable`, saying whether the
+        transaction can be retried."""
+        body_done = False
+        try:
+            with self.engine.begin() as c:
+                self._write_rows(c, model_calls, tool_calls, trajectory_updates)
+                results = [work(c) for work in then]
+                body_done = True
+        except DBAPIError as exc:
+            if not transient(exc):
+                raise
+            sqlite = self.engine.dialect.name == "sqlite"  # a failed COMMIT there is rolled back
+            raise StoreUnavailable(exc, retry_safe=not body_done or sqlite) from exc
+        return results
+
+    @staticmethod
+    def _write_rows(c: Connection, model_calls: Sequence[dict[str, Any]],
+                    tool_calls: Sequence[dict[str, Any]],
+                    trajectory_updates: Iterable[tuple[int, dict[str, Any]]]) -> None:
+        if model_calls:
+            c.execute(_INSERT_MODEL_CALL, _driver_ready(model_calls, ("sampling",)))
+        if tool_calls:
+            c.execute(_INSERT_TOOL_CALL, _driver_ready(tool_calls, ()))
+        # One executemany per set of updated columns (updates to a trajectory keep their order:
+        # a later update of the same columns comes later in its group, and the outcome's
+        # columns are a superset of the status-only update).
+        by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for trajectory_id, values in trajectory_updates:
+            by_columns.setdefault(tuple(sorted(values)), []).append(
+                {"_id": trajectory_id, **values})
+        table = s.Trajectory.__table__
+        for columns, rows in sorted(by_columns.items(), key=lambda item: len(item[0])):
+            statement = (update(table).where(table.c.id == bindparam("_id"))
+                         .values({name: bindparam(name) for name in columns}))
+            c.execute(statement, rows)
+
+    def model_calls(self, trajectory_id: int) -> list[StoredModelCall]:
+        table = s.ModelCall.__table__
+        with self.engine.connect() as c:
+            rows = c.execute(select(table).where(table.c.trajectory_id == trajectory_id)
+                             .order_by(table.c.segment, table.c.turn, table.c.id))
+            return [decode_model_call(r) for r in rows]
+
+    def model_calls_for(self, trajectory_ids: Sequence[int]) -> dict[int, list[StoredModelCall]]:
+        """Decoded model calls of several trajectories, each list in (segment, turn) order."""
+        table = s.ModelCall.__table__
+        out: dict[int, list[StoredModelCall]] = {tid: [] for tid in trajectory_ids}
+        with self.engine.connect() as c:
+            rows = c.execute(select(table).where(table.c.trajectory_id.in_(list(trajectory_ids)))
+                             .order_by(table.c.trajectory_id, table.c.segment, table.c.turn,
+                                       table.c.id))
+            for row in rows:
+                out[row.trajectory_id].append(decode_model_call(row))
+        return out
+
+    def stream_peers(self, run_id: str, group_ids: Sequence[int],
+                     exclude_seqs: Sequence[int]) -> list[tuple[int, float]]:
+        """(group_id, reward) of admitted members of these groups outside `exclude_seqs`."""
+        table = s.StreamEntry.__table__
+        with self.engine.connect() as c:
+            rows = c.execute(select(table.c.group_id, table.c.reward, table.c.seq).where(
+                (table.c.run_id == run_id) & table.c.group_id.in_(list(group_ids))))
+            excluded = set(exclude_seqs)
+            return [(r.group_id, r.reward) for r in rows if r.seq not in excluded]
+
+    def record_learner_step_and_version(self, run_id: str, step: dict[str, Any],
+                                        version: dict[str, Any] | None) -> None:
+        """A learner step row and, when it published, its version row, in one transaction."""
+        with self.engine.begin() as c:
+            c.execute(insert(s.LearnerStep.__table__).values(run_id=run_id, **step))
+            if version is not None:
+                c.execute(insert(s.PolicyVersion.__table__).values(
+                    run_id=run_id, created_at=now(), **version))
+
+    def forget_learner_steps_after(self, run_id: str, step: int) -> int:
+        """Delete step rows beyond the last published checkpoint (undone by a learner crash)."""
+        table = s.LearnerStep.__table__
+        with self.engine.begin() as c:
+            return c.execute(table.delete().where((table.c.run_id == run_id)
+                                                  & (table.c.step > step))).rowcount
+
+    def tool_calls(self, trajectory_id: int) -> list[Any]:
+        table = s.ToolCall.__table__
+        with self.engine.connect() as c:
+            return list(c.execute(select(table).where(table.c.trajectory_id == trajectory_id)
+                                  .order_by(table.c.turn, table.c.index)))
+
+    # ---------------------------------------------------------------- admission and stream
+    def record_decision(self, run_id: str, *, decision: str, reason: str, learner_version: int,
+                        trajectory_id: int | None = None, group_id: int | None = None,
+                        lag: int | None = None, details: dict[str, Any] | None = None) -> None:
+        """A non-admitting decision (drop, requeue, mask without admission)."""
+        with self.engine.begin() as c:
+            c.execute(insert(s.AdmissionDecision.__table__).values(
+                run_id=run_id, trajectory_id=trajectory_id, group_id=group_id,
+                decision=decision, reason=reason, learner_version=learner_version, lag=lag,
+                details=details, created_at=now()))
+
+    def admit(self, run_id: str, trajectory_id: int, *, reason: str, learner_version: int,
+              reward: float = 0.0, group_id: int | None = None, lag: int | None = None,
+              loss_masked: bool = False, details: dict[str, Any] | None = None) -> int:
+        """Admit one trajectory to the learner stream; returns its sequence number."""
+        return self.decide(run_id, [dict(trajectory_id=trajectory_id, group_id=group_id,
+                                         action="mask" if loss_masked else "admit",
+                                         reason=reason, lag=lag, reward=reward,
+                                         details=details)],
+                           learner_version=learner_version)[0]
+
+    def decide(self, run_id: str, decisions: Sequence[dict[str, Any]], *,
+               learner_version: int, group_id: int | None = None,
+               group_status: str | None = None) -> list[int]:
+        """Store a batch of decisions (e.g. a whole group's) in one transaction.
+
+        Each item: trajectory_id, group_id, action (admit|mask|drop|requeue), reason, lag,
+        reward, details. `admit` and `mask` items also enter the learner stream (masked ones
+        for group statistics only) with contiguous sequence numbers, returned in order.
+        `group_status`, when given, closes the group in the same transaction.
+        """
+        with self.engine.begin() as c:
+            return self.decide_in(c, run_id, decisions, learner_version=learner_version,
+                                  group_id=group_id, group_status=group_status)
+
+    @staticmethod
+    def decide_in(c: Connection, run_id: str, decisions: Sequence[dict[str, Any]], *,
+                  learner_version: int, group_id: int | None = None,
+                  group_status: str | None = None) -> list[int]:
+        stamp = now()
+        if group_status is not None and group_id is not None:
+            c.execute(update(s.Group.__table__).where(s.Group.id == group_id)
+                      .values(status=group_status, completed_at=stamp))
+        if not decisions:
+            return []
+        streamed = [d for d in decisions if d["action"] in ("admit", "mask")]
+        runs = s.Run.__table__
+        c.execute(insert(s.AdmissionDecision.__table__), [dict(
+            run_id=run_id, trajectory_id=d["trajectory_id"], group_id=d.get("group_id"),
+            decision=d["action"], reason=d["reason"], learner_version=learner_version,
+            lag=d.get("lag"), details=d.get("details"), created_at=stamp) for d in decisions])
+        if not streamed:
+            return []
+        head = c.execute(update(runs).where(runs.c.id == run_id)
+                         .values(stream_head=runs.c.stream_head + len(streamed))
+                         .returning(runs.c.stream_head)).scalar_one()
+        first = head - len(streamed) + 1
+        c.execute(insert(s.StreamEntry.__table__), [dict(
+            run_id=run_id, seq=first + i, trajectory_id=d["trajectory_id"],
+            group_id=d.get("group_id"), reward=float(d["reward"]),
+            loss_masked=d["action"] == "mask", admitted_at=stamp)
+            for i, d in enumerate(streamed)])
+        return list(range(first, head + 1))
+
+    def stream_after(self, run_id: str, after_seq: int, limit: int = 1000) -> list[Any]:
+        table = s.StreamEntry.__table__
+        with self.engine.connect() as c:
+            return list(c.execute(select(table).where(
+                (table.c.run_id == run_id) & (table.c.seq > after_seq))
+                .order_by(table.c.seq).limit(limit)))
+
+    def stream_head(self, run_id: str) -> int:
+        row = self.run(run_id)
+        return 0 if row is None else row.stream_head
+
+    # ---------------------------------------------------------------- learner side
+    def publish_version(self, run_id: str, version: int, path: str, *,
+                        learner_step: int | None = None, last_seq: int | None = None) -> None:
+        """Mark a checkpoint as published; call only after it is completely on disk."""
+        with self.engine.begin() as c:
+            c.execute(insert(s.PolicyVersion.__table__).values(
+                run_id=run_id, version=version, path=path, learner_step=learner_step,
+                last_seq=last_seq, created_at=now()))
+
+    def latest_version(self, run_id: str) -> Any | None:
+        table = s.PolicyVersion.__table__
+        with self.engine.connect() as c:
+            return c.execute(select(table).where(table.c.run_id == run_id)
+                             .order_by(table.c.version.desc()).limit(1)).first()
+
+    def learner_progress(self, run_id: str) -> tuple[int, str | None, int, int]:
+        """(latest published version, its path, learner steps done, last consumed seq)."""
+        versions, steps = s.PolicyVersion.__table__, s.LearnerStep.__table__
+        with self.engine.connect() as c:
+            latest = c.execute(select(versions.c.version, versions.c.path)
+                               .where(versions.c.run_id == run_id)
+                               .order_by(versions.c.version.desc()).limit(1)).first()
+            done = c.execute(select(func.count(), func.max(steps.c.last_seq))
+                             .where(steps.c.run_id == run_id)).first()
+        version, path = (latest.version, latest.path) if latest else (0, None)
+        return version, path, int(done[0] or 0), int(done[1] or 0)
+
+    def record_learner_step(self, run_id: str, **values: Any) -> None:
+        with self.engine.begin() as c:
+            c.execute(insert(s.LearnerStep.__table__).values(run_id=run_id, **values))
+
+    def learner_steps(self, run_id: str) -> list[Any]:
+        table = s.LearnerStep.__table__
+        with self.engine.connect() as c:
+            return list(c.execute(select(table).where(table.c.run_id == run_id)
+                                  .order_by(table.c.step)))
+
+    # ---------------------------------------------------------------- trainer log-probs
+    def model_call_layout(self, trajectory_ids: Sequence[int]
+                          ) -> dict[int, list[tuple[int, int, np.ndarray]]]:
+        """(model call id, sampled tokens, loss mask) per trajectory, in the learner's order
+        (segment, turn, id): the order in which its sampled tokens form the training sample."""
+        table = s.ModelCall.__table__
+        out: dict[int, list[tuple[int, int, np.ndarray]]] = {tid: [] for tid in trajectory_ids}
+        with self.engine.connect() as c:
+            rows = c.execute(select(table.c.id, table.c.trajectory_id, table.c.num_tokens,
+                                    table.c.loss_mask)
+                             .where(table.c.trajectory_id.in_(list(trajectory_ids)))
+                             .order_by(table.c.trajectory_id, table.c.segment, table.c.turn,
+                                       table.c.id))
+            for r in rows:
+                out[r.trajectory_id].append((r.id, r.num_tokens, unpack(r.loss_mask, UINT8)))
+        return out
+
+    def insert_trainer_logprobs(self, run_id: str, rows: Sequence[dict[str, Any]]) -> None:
+        """Rows of `trainer_logprobs` (model_call_id, learner_step, policy_version, num_tokens,
+        logprobs as packed float32), in one transaction."""
+        if not rows:
+            return
+        stamp = now()
+        with self.engine.begin() as c:
+            c.execute(insert(s.TrainerLogprobs.__table__),
+                      [dict(run_id=run_id, created_at=stamp, **row) for row in rows])
+
+    def count(self, model: type[s.Base], **where: Any) -> int:
+        table = model.__table__
+        clause = [table.c[k] == v for k, v in where.items()]
+        with self.engine.connect() as c:
+            return c.execute(select(func.count()).select_from(table).where(*clause)).scalar_one()

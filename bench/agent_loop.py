@@ -63,7 +63,7 @@ def prepare(fmt_kind: str, suite: str, trajectories: int, group_size: int,
     import anyio
 
     from core.tiny_tokenizer import build_tiny_tokenizer
-    from orchestrator.scripted_engine import LatencyModel, ScriptedEngine, turns_from_texts
+    from orchestrator.engines.scripted import LatencyModel, ScriptedEngine, turns_from_texts
     from tasks.chat import make_chat_format
     from tasks.suites import arith, longhaul
     from tasks.testing import FakeSandbox
@@ -91,9 +91,9 @@ def prepare(fmt_kind: str, suite: str, trajectories: int, group_size: int,
 def measure_loop(setup: Setup, concurrency: int) -> tuple[float, float, int]:
     """(cpu_s, wall_s, turns) of running every trajectory through `run_trajectory`."""
     from core.engine_api import SamplingParams
+    from orchestrator.engines.scripted import ScriptedEngine
     from orchestrator.rollout import run_trajectory, use_sandbox
     from orchestrator.rollout_types import MemoryRecorder
-    from orchestrator.scripted_engine import ScriptedEngine
 
     engine = ScriptedEngine(**setup.engine_kwargs)
     recorder, params = MemoryRecorder(), SamplingParams(max_tokens=256)
@@ -118,7 +118,7 @@ def measure_fakes(setup: Setup, concurrency: int) -> tuple[float, int]:
     """(cpu_s, turns) of the same engine and tool calls, on prompts that grow the same way,
     driven by a bare loop: the cost of the fakes and their simulated latency."""
     from core.engine_api import GenerateRequest, SamplingParams
-    from orchestrator.scripted_engine import ScriptedEngine
+    from orchestrator.engines.scripted import ScriptedEngine
     from tasks.tools import ToolContext
 
     fmt = setup.chat_format

@@ -61,7 +61,7 @@ def prompts(batch: int, prompt_len: int, vocab: int, seed: int) -> list[list[int
 async def http_rate(url: str, batch: int, prompt_len: int, new_tokens: int, vocab: int,
                     seed: int, backend: str = "stalewise") -> float:
     from core.engine_api import GenerateRequest, SamplingParams
-    from orchestrator.engine_client import engine_client
+    from orchestrator.engines.embedded import engine_client
 
     params = SamplingParams(max_tokens=new_tokens)
     async with engine_client(url, ignore_eos=True, backend=backend) as client:
@@ -93,7 +93,7 @@ def core_rate(engine, batch: int, prompt_len: int, new_tokens: int, seed: int) -
 async def conversation(url: str, turns: int, *, retain: bool, vocab: int) -> dict[str, float]:
     """A multi-turn trajectory: each turn re-sends the whole context plus a tool result."""
     from core.engine_api import GenerateRequest, SamplingParams
-    from orchestrator.engine_client import engine_client
+    from orchestrator.engines.embedded import engine_client
 
     context = prompts(1, 64, vocab, seed=7)[0]
     tool_results = prompts(turns, 16, vocab, seed=8)
@@ -118,7 +118,7 @@ def vllm_side_by_side(args: argparse.Namespace, sessions: list[int]) -> None:
     import json
 
     from config.engine import EngineServerConfig
-    from orchestrator.engine_launch import EngineProcess, VllmProcess
+    from orchestrator.engines.launch import EngineProcess, VllmProcess
 
     if args.model is None:
         sys.exit("--backend vllm needs --model DIR (a checkpoint vLLM can load, e.g. "
@@ -182,7 +182,7 @@ def main() -> None:
     from engine.checkpoint import load_model
     from engine.core import Engine
     from engine.tiny import init_tiny
-    from orchestrator.engine_launch import EngineProcess
+    from orchestrator.engines.launch import EngineProcess
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()

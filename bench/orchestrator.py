@@ -8,7 +8,7 @@ process is pinned to one CPU. Printed: agent turns per second (model calls compl
 recorded), trajectories per second, CPU seconds per turn, and peak trajectories in flight.
 
 With `--replicas 1,2,4` the engine is that many scripted replicas behind the replica router
-(`orchestrator.replicas`), each with finite capacity (`--slots` requests decoding at once, as
+(`orchestrator.engines.replicas`), each with finite capacity (`--slots` requests decoding at once, as
 an engine's batch): printed per replica count are turns/s and the router's own CPU time per
 request (choosing the replica and its bookkeeping, thread CPU time).
 
@@ -36,10 +36,10 @@ import anyio  # noqa: E402
 from config.job import parse_config  # noqa: E402
 from core.store.store import Store  # noqa: E402
 from core.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
-from orchestrator.pinning import PinnedEngine  # noqa: E402
+from orchestrator.engines.pinning import PinnedEngine  # noqa: E402
+from orchestrator.engines.replicas import ReplicaRouter  # noqa: E402
+from orchestrator.engines.scripted import LatencyModel, ScriptedEngine  # noqa: E402
 from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency  # noqa: E402
-from orchestrator.replicas import ReplicaRouter  # noqa: E402
-from orchestrator.scripted_engine import LatencyModel, ScriptedEngine  # noqa: E402
 from orchestrator.testing import CapacityEngine, DemoScript, FakeLearner  # noqa: E402
 from orchestrator.writer import running_writer  # noqa: E402
 from tasks.chat import make_chat_format  # noqa: E402

@@ -54,9 +54,9 @@ import anyio
 from config.job import parse_config
 from core.store.store import Store
 from core.tiny_tokenizer import build_tiny_tokenizer
+from orchestrator.engines.scripted import ScriptedEngine
 from orchestrator.pipeline import Pipeline
 from orchestrator.report import store_ledger
-from orchestrator.scripted_engine import ScriptedEngine
 from orchestrator.testing import CapacityEngine, DemoScript, FakeLearner
 from orchestrator.writer import running_writer
 from tasks.chat import make_chat_format

@@ -81,7 +81,7 @@ class GenerateResult:
     prompt_tokens: int
     cached_prompt_tokens: int
     engine_id: str
-    # Set by a client-side router (orchestrator.replicas) when this call's context had to be
+    # Set by a client-side router (orchestrator.engines.replicas) when this call's context had to be
     # prefilled again on another replica: why (the replica that went down). Not on the wire.
     recompute_reason: str | None = None
 

@@ -34,13 +34,13 @@ from core.store.outage import Outage, first_line
 from core.store.store import Store
 from core.tokenizer import load_tokenizer
 from orchestrator.cluster.roles import RayEngines, RayLearners
-from orchestrator.engine_replicas import LocalReplicas, job_engine_client
+from orchestrator.engines.fleet import LocalReplicas, job_engine_client
+from orchestrator.engines.replicas import ReplicaRouter
 from orchestrator.evaluate import EvalResult, evaluate
 from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency
 from orchestrator.pools import PoolSet
 from orchestrator.processes import ChildProcess, Supervised, run_to_end, watch
 from orchestrator.progress import show_progress, snapshot
-from orchestrator.replicas import ReplicaRouter
 from orchestrator.report import held_out_gain, rollout_dynamics, store_ledger, write_report
 from orchestrator.resume import recover_run
 from orchestrator.writer import running_writer
@@ -147,7 +147,7 @@ def place_on_ray(job: JobConfig, run_id: str, model_dir: Path, serve_dir: Path, 
 
 
 def start_engine(job: JobConfig, model_dir: Path, version: int, run_dir: Path):
-    from orchestrator.engine_launch import EngineProcess, VllmProcess
+    from orchestrator.engines.launch import EngineProcess, VllmProcess
 
     if job.engine.kind == "vllm":
         return VllmProcess.start(model_dir, port=job.engine.port, initial_version=version,

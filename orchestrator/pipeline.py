@@ -40,9 +40,9 @@ from core.sandbox import Sandbox, SandboxSpec
 from core.store.outage import Outage
 from core.store.store import Store
 from orchestrator.admission import Decision, decide_group, decide_member
+from orchestrator.engines.pinning import PinOnFirstCall
 from orchestrator.groups import GroupState, member_outcome
 from orchestrator.inflight import InFlight
-from orchestrator.pinning import PinOnFirstCall
 from orchestrator.recorder import SqlRecorder, outcome_values
 from orchestrator.rollout import RolloutOptions, run_trajectory
 from orchestrator.rollout_types import StopReason, TrajectoryOutcome

@@ -1,5 +1,5 @@
 """Child processes of a job: the learner, SFT and model creation (the engine has its own
-launcher in `orchestrator.engine_launch`).
+launcher in `orchestrator.engines.launch`).
 
 Guarantees: a child started from the main thread dies with the job (SIGTERM on parent death,
 so a SIGKILLed orchestrator leaves no learner or engine behind); a child's output goes to a log

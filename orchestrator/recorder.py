@@ -4,7 +4,7 @@ Rows go through the job's `StoreWriter`, so recording never waits on the disk; t
 final row update is written with them and `finish` returns once it is durable. A call that
 starts a later training segment carries the reason (`segment_break`) in its `sampling` JSON,
 next to the sampling parameters; a call whose context was prefilled again on another engine
-replica (failover, `orchestrator.replicas`) carries why as `kv_recompute` there too.
+replica (failover, `orchestrator.engines.replicas`) carries why as `kv_recompute` there too.
 
 Every text it hands the store is one the store can hold: a NUL character (which PostgreSQL's
 text and JSON columns refuse, failing the whole batch with the rows of other trajectories) is

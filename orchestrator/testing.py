@@ -89,7 +89,7 @@ class DemoScript:
         self._by_task: dict[tuple[str, bool], list] = {}  # group members share their task
 
     def _trajectory_turns(self, key: str) -> list:
-        from orchestrator.scripted_engine import ScriptedTurn
+        from orchestrator.engines.scripted import ScriptedTurn
 
         task = self.task_of(int(key))
         if task is None:

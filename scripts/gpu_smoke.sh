@@ -6,7 +6,7 @@
 #   bash scripts/gpu_smoke.sh [WORKDIR]
 #
 # 1. creates the tiny model (v0) and a perturbed copy (v1) under WORKDIR (default: a temp dir);
-# 2. starts `vllm serve` on it through orchestrator.engine_launch.VllmProcess (processed log-probs, the
+# 2. starts `vllm serve` on it through orchestrator.engines.launch.VllmProcess (processed log-probs, the
 #    stalewise worker extension, development routes);
 # 3. runs a short job through the orchestrator's engine client (backend="vllm"): 16 concurrent
 #    sequences at temperature 1, with an in-flight weight update (v0 -> v1, kv=recompute) while
@@ -35,7 +35,7 @@ export STALEWISE_VLLM_DTYPE="${STALEWISE_VLLM_DTYPE:-float32}"
 
 export STALEWISE_SMOKE_DRY_RUN="${STALEWISE_SMOKE_DRY_RUN:-0}"
 if [ "$STALEWISE_SMOKE_DRY_RUN" != "1" ]; then
-  "$PYTHON" -c "from orchestrator.engine_launch import vllm_python; vllm_python()" || {
+  "$PYTHON" -c "from orchestrator.engines.launch import vllm_python; vllm_python()" || {
     echo "error: vLLM is not installed (bash scripts/setup_vllm.sh)" >&2; exit 2; }
   command -v nvidia-smi >/dev/null || { echo "error: no NVIDIA GPU (nvidia-smi missing)" >&2; exit 2; }
 fi
@@ -50,11 +50,11 @@ import anyio
 import torch
 
 from engine.checkpoint import load_model
-from orchestrator.engine_launch import EngineProcess, VllmProcess
+from orchestrator.engines.launch import EngineProcess, VllmProcess
 from config.engine import EngineServerConfig
 from engine.sampling import processed_logprobs
 from engine.tiny import init_tiny
-from orchestrator.engine_client import engine_client
+from orchestrator.engines.embedded import engine_client
 from core.engine_api import GenerateRequest, SamplingParams
 
 workdir = Path(sys.argv[1])

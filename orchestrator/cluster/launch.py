@@ -1,6 +1,6 @@
 """How a Ray actor starts its child on its node: the same commands a local job runs.
 
-`EngineLaunch` starts `python -m engine serve` through `orchestrator.engine_launch.EngineProcess`, bound to
+`EngineLaunch` starts `python -m engine serve` through `orchestrator.engines.launch.EngineProcess`, bound to
 the node's own address so other nodes reach it; a restart reuses the port the first start got
 (the replica keeps its URL) and serves the newest weights the store lists as published (every
 node reaches the one PostgreSQL store). `CommandLaunch` starts any `python -m ...` child (the
@@ -78,7 +78,7 @@ class EngineLaunch:
               weights: tuple[str, int] | None = None) -> Child:
         """`weights` (checkpoint, version) when the driver names them; else a restart serves
         the newest published version and a first start `initial_version`."""
-        from orchestrator.engine_launch import EngineProcess
+        from orchestrator.engines.launch import EngineProcess
 
         model_dir, version = self.model_dir, self.initial_version
         if weights is not None:

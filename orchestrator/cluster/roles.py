@@ -17,7 +17,7 @@ import anyio
 from config.job import JobConfig
 from orchestrator.cluster.launch import CommandLaunch, EngineLaunch
 from orchestrator.cluster.placement import PlacementError, RoleGroup, connect
-from orchestrator.engine_client import EngineClient, engine_client
+from orchestrator.engines.embedded import EngineClient, engine_client
 from orchestrator.processes import ChildDied
 
 BROKEN = ("failed", "lost", "stopped")

@@ -28,7 +28,7 @@ def test_a_child_sees_relative_paths_like_its_parent_and_imports_our_packages(
 
 def test_the_engine_serves_a_model_given_by_a_relative_path(tmp_path, monkeypatch):
     from engine.tiny import init_tiny
-    from orchestrator.engine_launch import EngineProcess
+    from orchestrator.engines.launch import EngineProcess
 
     init_tiny(tmp_path / "models" / "mine", hidden=32, layers=1, heads=2, kv_heads=1,
               intermediate=64)

@@ -9,7 +9,7 @@ import pytest
 from config.engine import EngineConfig, EngineServerConfig
 from config.errors import ConfigError
 from config.job import parse_config
-from orchestrator.engine_launch import EngineProcess
+from orchestrator.engines.launch import EngineProcess
 
 NOT_DEFAULT = EngineServerConfig(max_batch=5, session_cache_mb=3.5, max_resident_versions=2,
                                  max_model_len=96, max_prefill_tokens=77, threads=2,

@@ -30,8 +30,8 @@ from core.engine_api import (
     SamplingParams,
     decode_generate_reply,
 )
-from orchestrator.engine_client import EngineTimeouts, engine_client
-from orchestrator.engine_launch import EngineProcess, LaunchError
+from orchestrator.engines.embedded import EngineTimeouts, engine_client
+from orchestrator.engines.launch import EngineProcess, LaunchError
 
 pytestmark = pytest.mark.slow
 
@@ -320,7 +320,7 @@ def test_server_stops_cleanly(update_server):
 
 
 def test_client_module_does_not_import_torch():
-    code = ("import sys, orchestrator.engine_client, orchestrator.engine_launch; "
+    code = ("import sys, orchestrator.engines.embedded, orchestrator.engines.launch; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -389,7 +389,7 @@ def test_an_engine_does_not_outlive_a_crashed_parent(model_v0):
     import os
     import time
 
-    code = ("import sys, time; from orchestrator.engine_launch import EngineProcess; "
+    code = ("import sys, time; from orchestrator.engines.launch import EngineProcess; "
             f"p = EngineProcess.start({str(model_v0)!r}); print(p.pid, flush=True); time.sleep(120)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -416,7 +416,7 @@ def test_stopping_a_server_in_its_own_group_ends_the_helpers_it_left(tmp_path):
     import os
     import time
 
-    from orchestrator.engine_launch import _Child, group_members
+    from orchestrator.engines.launch import _Child, group_members
 
     server = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 600 & wait"],
                               start_new_session=True)

@@ -27,8 +27,8 @@ from core.engine_api import EngineError, GenerateRequest, SamplingParams
 from engine.core import Engine
 from engine.requests import EngineOutput, RequestError, SamplingSpec
 from engine.versions import VersionNotResident, plan_residency
-from orchestrator.engine_client import VersionNotResidentError, engine_client
-from orchestrator.engine_launch import EngineProcess
+from orchestrator.engines.embedded import VersionNotResidentError, engine_client
+from orchestrator.engines.launch import EngineProcess
 
 PROMPTS = [[10 + (5 * i + 3 * j) % 90 for j in range(7 + 2 * i)] for i in range(4)]
 SPEC = SamplingSpec(max_tokens=24, ignore_eos=True)

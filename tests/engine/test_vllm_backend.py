@@ -1,7 +1,7 @@
 """The vLLM backend against vLLM itself (the CPU build in .venv-vllm; the GPU build where one is).
 
 One vLLM server for the module, serving SmolLM2-135M-Instruct in float32 through
-`orchestrator.engine_launch.VllmProcess`; the tests talk to it through the orchestrator's client
+`orchestrator.engines.launch.VllmProcess`; the tests talk to it through the orchestrator's client
 (`engine_client(url, backend="vllm")`), as a job does. Weights versions only go up on a server,
 so the module keeps one ledger (`Served`) of which checkpoint each version is; a later test
 loads v0's or v1's weights again under a new version number.
@@ -44,8 +44,8 @@ from vllm_fixtures import (
 )
 
 from core.engine_api import EngineError, GenerateRequest, GenerateResult, SamplingParams
-from orchestrator.engine_client import engine_client
-from orchestrator.engine_launch import VllmProcess
+from orchestrator.engines.embedded import engine_client
+from orchestrator.engines.launch import VllmProcess
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -22,7 +22,7 @@ VLLM_STARTUP_S = 900.0   # a hang guard: vLLM's start-up takes about a minute on
 
 def require_vllm() -> str:
     """The Python with vLLM, or a failure that says how to build it."""
-    from orchestrator.engine_launch import LaunchError, vllm_python
+    from orchestrator.engines.launch import LaunchError, vllm_python
 
     try:
         return vllm_python()

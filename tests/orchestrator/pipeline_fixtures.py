@@ -6,7 +6,7 @@ import zlib
 from contextlib import asynccontextmanager
 
 from core.tiny_tokenizer import build_tiny_tokenizer
-from orchestrator.scripted_engine import LatencyModel, ScriptedEngine, ScriptedTurn
+from orchestrator.engines.scripted import LatencyModel, ScriptedEngine, ScriptedTurn
 from tasks import Component, Rubric, TaskFamily, TaskInstance, TaskLimits, ToolContext, tool
 from tasks.chat import make_chat_format
 from tasks.testing import FakeSandbox

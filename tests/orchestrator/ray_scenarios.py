@@ -40,7 +40,7 @@ def generate(url: str, seed: int) -> dict:
     import anyio
 
     from core.engine_api import GenerateRequest, SamplingParams
-    from orchestrator.engine_client import engine_client
+    from orchestrator.engines.embedded import engine_client
 
     async def once() -> dict:
         async with engine_client(url) as client:

@@ -19,9 +19,9 @@ from config.job import parse_config
 from core.engine_api import VersionNotResidentError
 from core.store import schema as s
 from core.store.store import Store
-from orchestrator.pinning import PinnedEngine, PinOnFirstCall
+from orchestrator.engines.pinning import PinnedEngine, PinOnFirstCall
+from orchestrator.engines.scripted import LatencyModel
 from orchestrator.pipeline import Pipeline
-from orchestrator.scripted_engine import LatencyModel
 from orchestrator.testing import FakeLearner, VersionedEngine
 from orchestrator.writer import running_writer
 

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from core.engine_api import SamplingParams
 from core.tiny_tokenizer import MARKUP_TOKENS, build_tiny_tokenizer
+from orchestrator.engines.scripted import ScriptedEngine, ScriptedTurn
 from orchestrator.rollout import run_trajectory, start_sandbox
 from orchestrator.rollout_types import MemoryRecorder
-from orchestrator.scripted_engine import ScriptedEngine, ScriptedTurn
 from tasks import Component, Rubric, TaskInstance, TaskLimits, ToolContext, tool
 from tasks.chat import HermesChatFormat, TemplateChatFormat
 from tasks.testing import FakeSandbox

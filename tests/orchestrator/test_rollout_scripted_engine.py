@@ -10,7 +10,7 @@ import pytest
 from trio.testing import MockClock
 
 from core.engine_api import EngineError, GenerateRequest, SamplingParams
-from orchestrator.scripted_engine import LatencyModel, ScriptedEngine, ScriptedTurn
+from orchestrator.engines.scripted import LatencyModel, ScriptedEngine, ScriptedTurn
 
 pytestmark = pytest.mark.anyio
 STOP = 2

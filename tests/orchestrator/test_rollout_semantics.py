@@ -49,9 +49,9 @@ from trio.testing import MockClock
 from core.engine_api import EngineError, SamplingParams
 from core.sandbox import SandboxError
 from core.tiny_tokenizer import build_tiny_tokenizer
+from orchestrator.engines.scripted import ScriptedEngine, ScriptedTurn
 from orchestrator.rollout import RolloutOptions, run_trajectory, start_sandbox, use_sandbox
 from orchestrator.rollout_types import MemoryRecorder, StopReason, TrajectoryStatus
-from orchestrator.scripted_engine import ScriptedEngine, ScriptedTurn
 from sandboxes.docker_backend import DockerSandbox
 from sandboxes.local_backend import LocalSandbox
 from tasks import Component, Rubric, TaskInstance, TaskLimits, ToolContext, ToolError, tool

@@ -28,7 +28,7 @@ from test_job_faults import alive, check_exactly_once, children_of, learner_step
 
 from core.store import schema as s
 from core.store.store import Store
-from orchestrator.engine_launch import group_members
+from orchestrator.engines.launch import group_members
 
 pytestmark = [pytest.mark.vllm, pytest.mark.docker, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ extra_args = ["--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs",
 
 
 def require_vllm() -> None:
-    from orchestrator.engine_launch import LaunchError, vllm_python
+    from orchestrator.engines.launch import LaunchError, vllm_python
 
     try:
         vllm_python()

@@ -9,9 +9,9 @@ from pathlib import Path
 from core.engine_api import SamplingParams
 from core.sandbox import SandboxSpec
 from core.tiny_tokenizer import build_tiny_tokenizer
+from orchestrator.engines.scripted import ScriptedEngine, turns_from_texts
 from orchestrator.rollout import SandboxAcquirer, run_trajectory
 from orchestrator.rollout_types import MemoryRecorder, TrajectoryOutcome
-from orchestrator.scripted_engine import ScriptedEngine, turns_from_texts
 from tasks import Component, Rubric, TaskInstance
 from tasks.chat import HermesChatFormat
 from tasks.tools import Tool

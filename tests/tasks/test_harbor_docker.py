@@ -16,10 +16,10 @@ from config.job import AdmissionConfig
 from core.engine_api import SamplingParams
 from core.tiny_tokenizer import build_tiny_tokenizer
 from orchestrator.admission import decide_group
+from orchestrator.engines.scripted import ScriptedEngine, turns_from_texts
 from orchestrator.groups import member_outcome
 from orchestrator.rollout import run_trajectory, start_sandbox
 from orchestrator.rollout_types import MemoryRecorder, TrajectoryStatus
-from orchestrator.scripted_engine import ScriptedEngine, turns_from_texts
 from sandboxes.docker_backend import DockerSandbox
 from stalewise.cli import app
 from tasks import load_family

@@ -13,9 +13,9 @@ import pytest
 
 from core.engine_api import SamplingParams
 from core.tiny_tokenizer import build_tiny_tokenizer
+from orchestrator.engines.scripted import ScriptedEngine, turns_from_texts
 from orchestrator.rollout import run_trajectory, start_sandbox
 from orchestrator.rollout_types import MemoryRecorder, TrajectoryStatus
-from orchestrator.scripted_engine import ScriptedEngine, turns_from_texts
 from sandboxes.docker_backend import DockerSandbox
 from sandboxes.pool import SandboxPool
 from tasks import load_family

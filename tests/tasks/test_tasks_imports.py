@@ -12,7 +12,7 @@ import tasks.suites.arith, tasks.suites.codefix, tasks.suites.longhaul
 ours = sorted({m.split('.')[0] for m in sys.modules} & {'orchestrator', 'engine', 'learner',
                                                        'lab', 'stalewise'})
 print('tasks imports', ours)
-import orchestrator.rollout, orchestrator.scripted_engine
+import orchestrator.rollout, orchestrator.engines.scripted
 heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'docker'})
 print('loop imports', heavy)
 """

@@ -1,6 +1,6 @@
 """Several engine replicas behind one engine client: session affinity, weight fan-out, failover.
 
-`ReplicaRouter(clients)` is an engine client like `orchestrator.engine_client.engine_client()`'s
+`ReplicaRouter(clients)` is an engine client like `orchestrator.engines.embedded.engine_client()`'s
 (`generate`, `release_session`, `pinned`, `update_weights`, `pause`, `resume`, `abort`,
 `metrics`, `health`, `wait_ready`, `model_name`, `max_model_len`, `can_pin`), over N replicas,
 each an engine client of its own (embedded engine, vLLM, or the scripted fake in tests).
@@ -55,7 +55,7 @@ from core.engine_api import (
     VersionNotResidentError,
 )
 from core.log import get_logger
-from orchestrator.pinning import PinnedEngine
+from orchestrator.engines.pinning import PinnedEngine
 
 log = get_logger("stalewise.replicas")
 

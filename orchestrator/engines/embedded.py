@@ -1,7 +1,7 @@
 """The orchestrator's HTTP clients for inference engines: the embedded engine or `vllm serve`.
 
 `engine_client(url, backend=...)` builds one. Every client is an `EngineClient`
-(`orchestrator.engine_http`): it implements `core.engine_api.InferenceEngine`
+(`orchestrator.engines.http`): it implements `core.engine_api.InferenceEngine`
 (`generate`, `release_session`) plus the admin calls the weight-sync loop needs
 (`update_weights`, `pause`, `resume`, `abort`, `metrics`, `health`), over one retrying
 transport. It never imports torch.
@@ -12,19 +12,19 @@ Backends, one class each:
   every per-token field (ids, processed log-probs, weights and KV versions, time offsets,
   top-k) exactly as the engine recorded them; bodies and replies are `core.engine_api`'s
   schemas, the same ones the server uses. Weight updates go to `/stalewise/update_weights`.
-- `backend="vllm"`, `orchestrator.vllm_client.VllmEngineClient`: `/v1/completions` streamed,
+- `backend="vllm"`, `orchestrator.engines.vllm.VllmEngineClient`: `/v1/completions` streamed,
   with client-side attribution of versions and times (the rules are in that module), and
   weight updates through vLLM's pause / collective_rpc / reset_prefix_cache / resume routes.
 
 Version pinning (async pipelines): `update_weights(path, version, mode="pin")` makes `version`
 current while the embedded engine keeps older versions resident for the trajectories pinned to
-them; `client.pinned(version)` is an `InferenceEngine` (`orchestrator.pinning.PinnedEngine`)
+them; `client.pinned(version)` is an `InferenceEngine` (`orchestrator.engines.pinning.PinnedEngine`)
 whose every request carries `weights_version=version`, so a trajectory's turns all come from
 the version it started with. A request pinned to a version the engine no longer holds raises
 `VersionNotResidentError`. vLLM serves one version at a time: `pinned()`, `mode="pin"` and
 pinned requests raise `EngineError` there (use `inflight` or `drain` with vLLM).
 
-Failure policy (`orchestrator.engine_http`): every failure is an `EngineError` whose message
+Failure policy (`orchestrator.engines.http`): every failure is an `EngineError` whose message
 names the engine, the route and what to do; timeouts are explicit per call class
 (`EngineTimeouts`); the connection pool is bounded; retries happen only where they cannot
 duplicate work: connection failures (the request never left), and idempotent calls (health,
@@ -63,9 +63,9 @@ from core.engine_api import (
     decode_generate_reply,
     decode_reply,
 )
-from orchestrator.engine_http import Backend, EngineClient, EngineTimeouts, WeightUpdateReport
-from orchestrator.pinning import PinnedEngine
-from orchestrator.vllm_client import VllmEngineClient
+from orchestrator.engines.http import Backend, EngineClient, EngineTimeouts, WeightUpdateReport
+from orchestrator.engines.pinning import PinnedEngine
+from orchestrator.engines.vllm import VllmEngineClient
 
 __all__ = ["Backend", "EmbeddedEngineClient", "EngineClient", "EngineTimeouts",
            "VersionNotResidentError", "VllmEngineClient", "WeightUpdateReport", "engine_client"]

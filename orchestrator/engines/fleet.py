@@ -4,7 +4,7 @@
 a free port of its own with its own log (`RUN/engine-r<i>.log`); `[engine] urls = [...]`
 attaches to running servers. `job_engine_client` turns either, or the single engine of
 today's jobs, into the one client the pipeline uses: a plain engine client for one engine
-(behaviour unchanged), an `orchestrator.replicas.ReplicaRouter` for several.
+(behaviour unchanged), an `orchestrator.engines.replicas.ReplicaRouter` for several.
 
 Guarantees: every replica process is forked from the event loop's (main) thread, so it dies
 with the job; waiting for one to answer happens in a worker thread and never blocks the loop.
@@ -22,8 +22,8 @@ import anyio
 
 from config.engine import EngineConfig
 from core.log import get_logger
-from orchestrator.engine_client import EngineClient, engine_client
-from orchestrator.replicas import ReplicaRouter
+from orchestrator.engines.embedded import EngineClient, engine_client
+from orchestrator.engines.replicas import ReplicaRouter
 
 if TYPE_CHECKING:
     from orchestrator.cluster.roles import RayEngines
@@ -58,7 +58,7 @@ class LocalReplicas:
         return self
 
     def _spawn(self, index: int, model_dir: Path, version: int):
-        from orchestrator.engine_launch import EngineProcess
+        from orchestrator.engines.launch import EngineProcess
 
         return EngineProcess.spawn(model_dir, self.cfg.server_fields(),
                                    config_path=self.run_dir / "engine.json",

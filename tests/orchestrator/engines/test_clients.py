@@ -29,7 +29,7 @@ from core.engine_api import (
     encode_generate_reply,
 )
 from core.records import SampledTokens
-from orchestrator.engine_client import (
+from orchestrator.engines.embedded import (
     EmbeddedEngineClient,
     VllmEngineClient,
     engine_client,

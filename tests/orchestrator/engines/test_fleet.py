@@ -12,7 +12,7 @@ import pytest
 
 from config.job import parse_config
 from core.engine_api import GenerateRequest, SamplingParams
-from orchestrator.engine_replicas import LocalReplicas, job_engine_client
+from orchestrator.engines.fleet import LocalReplicas, job_engine_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

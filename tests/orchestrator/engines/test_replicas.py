@@ -17,9 +17,9 @@ from core.engine_api import (
     SamplingParams,
     VersionNotResidentError,
 )
-from orchestrator.pinning import PinOnFirstCall
-from orchestrator.replicas import ReplicaRouter
-from orchestrator.scripted_engine import ScriptedEngine, ScriptedTurn
+from orchestrator.engines.pinning import PinOnFirstCall
+from orchestrator.engines.replicas import ReplicaRouter
+from orchestrator.engines.scripted import ScriptedEngine, ScriptedTurn
 
 pytestmark = pytest.mark.anyio
 STOP = 2

@@ -1,7 +1,7 @@
 """The engine client for `vllm serve`: OpenAI-compatible completions and vLLM's dev routes.
 
 Generation: `/v1/completions` with a token-id prompt, `logprobs`, `return_tokens_as_token_ids`
-and streaming (parsed by `orchestrator.vllm_stream`). vLLM reports processed log-probs when
+and streaming (parsed by `orchestrator.engines.vllm_stream`). vLLM reports processed log-probs when
 started with `--logprobs-mode processed_logprobs` (the launcher does). It does not report
 versions or times, so the client attributes them: a token's weights version is the version
 this client had published when the token arrived; its KV version is the version at the
@@ -37,8 +37,8 @@ from core.engine_api import (
     KvPolicy,
     UpdateMode,
 )
-from orchestrator.engine_http import EngineClient, WeightUpdateReport
-from orchestrator.vllm_stream import CompletionStream, completion_body
+from orchestrator.engines.http import EngineClient, WeightUpdateReport
+from orchestrator.engines.vllm_stream import CompletionStream, completion_body
 
 COMPLETIONS_ROUTE = "/v1/completions"
 PAUSED_RETRY_S = 0.2   # back-off before resending a request vLLM refused with 503

@@ -39,7 +39,7 @@ from core.engine_api import (
     KvPolicy,
 )
 from core.records import FLOAT32, INT32, SampledTokens
-from orchestrator.pinning import PinnedEngine
+from orchestrator.engines.pinning import PinnedEngine
 from tasks.chat.codec import int_list
 
 

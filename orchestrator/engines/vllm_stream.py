@@ -4,7 +4,7 @@
 tokens as ids (`return_tokens_as_token_ids`), their log-probs with an optional top-k, and the
 usage block (prompt and cached-prompt token counts). `CompletionStream` collects the chunks of
 one request. vLLM reports no versions or times, so they are attributed as the client sees them
-(the rules are in `orchestrator.vllm_client`): a token's weights version is the client's
+(the rules are in `orchestrator.engines.vllm`): a token's weights version is the client's
 version when the chunk arrived; its KV version is the version at the request's start, raised by
 every `recompute` update since; its time offset is its arrival time. No torch here.
 """

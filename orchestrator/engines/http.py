@@ -1,7 +1,7 @@
 """What every engine client shares: one retrying HTTP transport and the routes both backends serve.
 
 `EngineTransport` owns the connection pool and the failure policy; the backend clients
-(`orchestrator.engine_client.EmbeddedEngineClient`, `orchestrator.vllm_client.VllmEngineClient`)
+(`orchestrator.engines.embedded.EmbeddedEngineClient`, `orchestrator.engines.vllm.VllmEngineClient`)
 only say which route to call and how to read the reply. `EngineClient` is their common base:
 lifecycle, the version this client knows, `/health`, `/v1/models`, `/pause` and `/resume`.
 
@@ -261,7 +261,7 @@ def error_message(response: httpx.Response) -> str:
 class EngineClient(ABC):
     """An engine client: `InferenceEngine` plus the admin calls the weight-sync loop needs.
 
-    Subclasses are the backends; build one with `orchestrator.engine_client.engine_client`."""
+    Subclasses are the backends; build one with `orchestrator.engines.embedded.engine_client`."""
 
     backend: ClassVar[Backend]
     serve_hint: ClassVar[str]

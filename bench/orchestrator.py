@@ -36,9 +36,12 @@ import anyio  # noqa: E402
 from config.job import parse_config  # noqa: E402
 from core.store.store import Store  # noqa: E402
 from core.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
-from orchestrator.engines.pinning import PinnedEngine  # noqa: E402
 from orchestrator.engines.replicas import ReplicaRouter  # noqa: E402
-from orchestrator.engines.scripted import LatencyModel, ScriptedEngine  # noqa: E402
+from orchestrator.engines.scripted import (  # noqa: E402
+    FakeEngineClient,
+    LatencyModel,
+    ScriptedEngine,
+)
 from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency  # noqa: E402
 from orchestrator.testing import CapacityEngine, DemoScript, FakeLearner  # noqa: E402
 from orchestrator.writer import running_writer  # noqa: E402
@@ -47,8 +50,10 @@ from tasks.suites import longhaul  # noqa: E402
 from tasks.testing import FakeSandbox  # noqa: E402
 
 
-class CountingEngine:
-    def __init__(self, engine: ScriptedEngine) -> None:
+class CountingEngine(FakeEngineClient):
+    """The engine (scripted, or a router over scripted replicas), counting completed calls."""
+
+    def __init__(self, engine) -> None:
         self.engine, self.calls = engine, 0
 
     async def generate(self, request):
@@ -59,8 +64,8 @@ class CountingEngine:
     async def release_session(self, session_id: str) -> None:
         await self.engine.release_session(session_id)
 
-    def pinned(self, version: int) -> PinnedEngine:
-        return PinnedEngine(self, version)
+    async def update_weights(self, path: str, version: int, *, mode="inflight", kv="recompute"):
+        return await self.engine.update_weights(path, version, mode=mode, kv=kv)
 
 
 @asynccontextmanager
@@ -115,8 +120,8 @@ async def measure(args, directory: str, replicas: int | None = None) -> dict:
 
     async with running_writer(store) as writer:  # it stops after the pipeline
         pipeline = Pipeline(run_id="bench", cfg=cfg, store=store, writer=writer, engine=engine,
-                            weights=None, family=family, chat_format=chat,
-                            acquire=memory_sandbox, poll_s=0.5)
+                            family=family, chat_format=chat, acquire=memory_sandbox,
+                            poll_s=0.5)
         async with anyio.create_task_group() as tg:
             await tg.start(learner.run)
             tg.start_soon(pipeline.run)

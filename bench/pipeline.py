@@ -151,7 +151,7 @@ def run_mode(mode: str, kv: str, batch_kind: str, args, directory: Path, *,
         async with running_writer(store) as writer, anyio.create_task_group() as tg:
             await tg.start(learner.run)
             pipeline = Pipeline(run_id=name, cfg=cfg, store=store, writer=writer,
-                                engine=engine, weights=engine, family=family, chat_format=chat,
+                                engine=engine, family=family, chat_format=chat,
                                 acquire=asynccontextmanager(no_sandbox), poll_s=0.02)
             running["pipeline"] = pipeline
             await pipeline.run()

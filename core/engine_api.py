@@ -24,7 +24,7 @@ import base64
 import binascii
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal, Protocol, Sequence, TypeVar
+from typing import Any, Literal, Protocol, Sequence, TypeVar, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -95,11 +95,99 @@ class VersionNotResidentError(EngineError):
 
 
 class InferenceEngine(Protocol):
+    """What an agent loop needs of an engine: generate, and let a session go."""
+
     async def generate(self, request: GenerateRequest) -> GenerateResult: ...
 
     async def release_session(self, session_id: str) -> None:
         """Forget a session's retained KV cache (the trajectory ended)."""
         ...
+
+
+EngineKind = Literal["embedded", "vllm"]  # `[engine] kind`, and what every client reports
+
+
+@dataclass(frozen=True)
+class WeightUpdateReport:
+    """What one `update_weights` did: on one engine, or on every replica behind a router (then
+    `replicas` holds each one's report, counts are summed and pauses are the longest; vLLM
+    reports -1 for counts it does not know)."""
+
+    version: int
+    previous_version: int
+    mode: UpdateMode
+    kv: KvPolicy
+    pause_s: float
+    wait_s: float
+    in_flight_sequences: int
+    recomputed_tokens: int
+    invalidated_sessions: int
+    already_applied: bool
+    kind: EngineKind
+    resident_versions: tuple[int, ...] = ()   # held by the engine after the update
+    evicted_versions: tuple[int, ...] = ()    # dropped while still pinned (resident cap)
+    replicas: tuple[WeightUpdateReport, ...] = ()  # behind a router: one per replica updated
+    skipped_replicas: tuple[int, ...] = ()    # behind a router: down meanwhile, catch up later
+
+    @classmethod
+    def from_reply(cls, reply: UpdateWeightsReply, kind: EngineKind) -> WeightUpdateReport:
+        return cls(version=reply.version, previous_version=reply.previous_version,
+                   mode=reply.mode, kv=reply.kv, pause_s=reply.pause_s, wait_s=reply.wait_s,
+                   in_flight_sequences=reply.in_flight_sequences,
+                   recomputed_tokens=reply.recomputed_tokens,
+                   invalidated_sessions=reply.invalidated_sessions,
+                   already_applied=reply.already_applied, kind=kind,
+                   resident_versions=reply.resident_versions,
+                   evicted_versions=reply.evicted_versions)
+
+    @classmethod
+    def combined(cls, reports: Sequence[WeightUpdateReport], skipped: Sequence[int] = ()
+                 ) -> WeightUpdateReport:
+        """The report of a router: every replica's `reports` (at least one) in one."""
+        first = reports[0]
+        return cls(version=first.version,
+                   previous_version=min(r.previous_version for r in reports),
+                   mode=first.mode, kv=first.kv, pause_s=max(r.pause_s for r in reports),
+                   wait_s=max(r.wait_s for r in reports),
+                   in_flight_sequences=sum(r.in_flight_sequences for r in reports),
+                   recomputed_tokens=sum(r.recomputed_tokens for r in reports),
+                   invalidated_sessions=sum(r.invalidated_sessions for r in reports),
+                   already_applied=all(r.already_applied for r in reports), kind=first.kind,
+                   replicas=tuple(reports), skipped_replicas=tuple(skipped))
+
+
+@runtime_checkable
+class EngineClient(InferenceEngine, Protocol):
+    """The one contract of everything the orchestrator drives as an engine: the HTTP clients of
+    the embedded engine and of vLLM (`orchestrator.engines`), the router over replicas, and the
+    scripted engine tests inject. `can_pin`: whether `pinned(version)` and `mode="pin"` work
+    (the embedded engine keeps older versions resident; vLLM serves one at a time)."""
+
+    kind: EngineKind
+    can_pin: bool
+
+    async def update_weights(self, path: str, version: int, *, mode: UpdateMode = "inflight",
+                             kv: KvPolicy = "recompute") -> WeightUpdateReport:
+        """Make the engine serve the checkpoint at `path` as policy `version` (`inflight`: running
+        requests continue under the new weights, their KV retained or recomputed; `drain`: they
+        finish first; `pin`: older versions stay resident for pinned requests)."""
+        ...
+
+    def pinned(self, version: int) -> InferenceEngine:
+        """An engine whose every request is served with weights `version`."""
+        ...
+
+    async def health(self) -> bool:
+        """Whether the engine answers now; never raises."""
+        ...
+
+    async def wait_ready(self, timeout: float = 120.0) -> None: ...
+
+    async def max_model_len(self) -> int | None:
+        """The served model's context window in tokens, or None when unknown."""
+        ...
+
+    async def aclose(self) -> None: ...
 
 
 # ---- wire: request bodies (validated by the server; extra fields are refused) ---------------

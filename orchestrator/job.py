@@ -352,11 +352,8 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
             running_writer(store, outage_s=job.run.store_outage_s))
         pools = PoolSet(job.sandbox, run_id)
         pipeline = Pipeline(run_id=run_id, cfg=job, store=store, writer=writer, engine=client,
-                            weights=client, family=family, chat_format=chat_format,
-                            acquire=pools.acquire, engine_version=version,
-                            start_index=store.count_groups(run_id), engine_health=client.health,
-                            async_updates="pin" if client.can_pin else "drain",
-                            model_context=await client.max_model_len())
+                            family=family, chat_format=chat_format, acquire=pools.acquire,
+                            engine_version=version, start_index=store.count_groups(run_id))
         if job.engine.kind == "vllm" and job.pipeline.mode == "async":
             log.warning("vLLM cannot keep older weights resident: in async mode a trajectory's "
                         "later turns may use newer weights (drain updates)")
@@ -374,7 +371,8 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
             eval_args = dict(run_id=run_id, store=store, writer=writer, engine=client,
                              family=family, chat_format=chat_format, acquire=pools.acquire,
                              params=pipeline.params, instances=job.tasks.eval_instances,
-                             concurrency=job.rollout.max_concurrent, options=pipeline.options)
+                             concurrency=job.rollout.max_concurrent,
+                             options=await pipeline.rollout_options())
             if job.tasks.eval_instances and job.tasks.eval_before and not resumed:
                 results.append(await evaluate(label="before", version=version, **eval_args))
                 log.info("evaluation", **asdict(results[-1]))

@@ -29,12 +29,12 @@ import time
 from collections import Counter
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol
+from typing import Callable
 
 import anyio
 
 from config.job import JobConfig
-from core.engine_api import InferenceEngine, KvPolicy, SamplingParams, UpdateMode
+from core.engine_api import EngineClient, SamplingParams, UpdateMode
 from core.log import bind_trajectory, get_logger
 from core.sandbox import Sandbox, SandboxSpec
 from core.store.outage import Outage
@@ -72,13 +72,6 @@ MAX_ATTEMPTS = 3
 BUG_ERRORS = {"tool_exception", "verifier_exception", "verifier_timeout"}
 
 log = get_logger("stalewise.pipeline")
-
-
-class WeightsTarget(Protocol):
-    """Where new policy versions go (the engine client's admin side)."""
-
-    async def update_weights(self, path: str, version: int, *, mode: UpdateMode,
-                             kv: KvPolicy) -> object: ...
 
 
 @dataclass
@@ -126,13 +119,13 @@ class LearnerView:
 
 class Pipeline:
     def __init__(self, *, run_id: str, cfg: JobConfig, store: Store, writer: StoreWriter,
-                 engine: InferenceEngine, weights: WeightsTarget | None, family: TaskFamily,
-                 chat_format: ChatFormat, acquire: Acquire, engine_version: int = 0,
-                 start_index: int = 0, poll_s: float = 0.2,
-                 engine_health: Callable[[], Awaitable[bool]] | None = None,
-                 async_updates: UpdateMode = "pin", model_context: int | None = None) -> None:
+                 engine: EngineClient, family: TaskFamily, chat_format: ChatFormat,
+                 acquire: Acquire, engine_version: int = 0, start_index: int = 0,
+                 poll_s: float = 0.2) -> None:
+        """`engine` serves every trajectory, takes every new policy version, and says whether
+        it answers (`health`), can pin versions (`can_pin`) and how long its context is."""
         self.run_id, self.cfg, self.store, self.writer = run_id, cfg, store, writer
-        self.engine, self.weights, self.family, self.chat_format = engine, weights, family, chat_format
+        self.engine, self.family, self.chat_format = engine, family, chat_format
         self.acquire = acquire
         self.engine_version = engine_version
         self.next_index = start_index
@@ -143,8 +136,8 @@ class Pipeline:
             temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
             max_tokens=cfg.rollout.max_tokens_per_turn, logprobs_topk=cfg.rollout.logprobs_topk,
             seed=None)
-        self.options = RolloutOptions(engine_timeout_s=cfg.engine.request_timeout_s,
-                                      model_context=model_context)
+        self.options = RolloutOptions(engine_timeout_s=cfg.engine.request_timeout_s)
+        self._asked_context = False
         self.learner = LearnerView()
         self.stream_head = store.stream_head(run_id)
         # stream_head plus the admissions submitted to the writer but not yet committed: the
@@ -155,10 +148,9 @@ class Pipeline:
         self.in_flight = 0
         self.undecided = 0  # dispatched members whose decision is not stored yet
         self.unfinished: InFlight[TaskInstance] = InFlight(store, writer)
-        self.engine_health = engine_health
         # `pin` keeps each async trajectory on one version (the embedded engine); `drain` is the
         # fallback for engines that cannot pin (vLLM): later turns may use newer weights.
-        self.async_updates = async_updates
+        self.async_updates: UpdateMode = "pin" if engine.can_pin else "drain"
         self._engine_down = False
         self._changed = anyio.Event()
 
@@ -196,9 +188,18 @@ class Pipeline:
         return self.stream_head + self.undecided + group <= allowed
 
     # ------------------------------------------------------------------ main
+    async def rollout_options(self) -> RolloutOptions:
+        """The agent loops' options, with the served model's context window (asked once)."""
+        if not self._asked_context:
+            self._asked_context = True
+            self.options = dataclasses.replace(
+                self.options, model_context=await self.engine.max_model_len())
+        return self.options
+
     async def run(self) -> None:
         """Generate until the learner has done `pipeline.steps` steps (or the budget is spent),
         then stop cleanly."""
+        await self.rollout_options()
         self.rl_started = time.monotonic()
         await self._refresh_learner()
         try:
@@ -289,11 +290,11 @@ class Pipeline:
 
     async def _apply_weights(self, *, mode: UpdateMode) -> None:
         version, path = self.learner.version, self.learner.path
-        if self.weights is None or path is None:
+        if path is None:
             self.engine_version = version
             return
         started = time.monotonic()
-        await self.weights.update_weights(path, version, mode=mode, kv=self.cfg.pipeline.kv)
+        await self.engine.update_weights(path, version, mode=mode, kv=self.cfg.pipeline.kv)
         self.stats.weight_updates += 1
         self.stats.update_pause_s += time.monotonic() - started
         self.engine_version = version
@@ -454,12 +455,12 @@ class Pipeline:
     async def _check_engine(self) -> None:
         """After an engine error: pause dispatching while the engine does not answer; resume
         when it does, or fail the run once it has been silent for `engine.startup_timeout_s`."""
-        if self.engine_health is None or self._engine_down:
+        if self._engine_down:
             return
         limit = self.cfg.engine.startup_timeout_s
         deadline = time.monotonic() + limit
         try:
-            while not await self.engine_health():
+            while not await self.engine.health():
                 if not self._engine_down:
                     log.warning("engine not answering; dispatch paused", limit_s=limit)
                 self._engine_down = True

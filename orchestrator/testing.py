@@ -4,19 +4,19 @@
 consumes the admission log in order, `batch_size` entries per step (optionally taking
 `step_s` seconds), records each step with its first and last sequence number, and publishes
 version v+1 every `publish_every` steps (publish-then-mark: the row is the only signal).
-`VersionedEngine` lets the scripted engine follow published versions like a real engine.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import zlib
 
 import anyio
 from anyio.abc import TaskStatus
 
+from core.engine_api import KvPolicy, UpdateMode, WeightUpdateReport
 from core.store.store import Store
+from orchestrator.engines.scripted import FakeEngineClient
 
 
 class FakeLearner:
@@ -62,18 +62,6 @@ class FakeLearner:
         return self.store.trajectory(entry.trajectory_id)
 
 
-class VersionedEngine:
-    """A `WeightsTarget` for engines with a settable `version` (the scripted engine)."""
-
-    def __init__(self, engine) -> None:
-        self.engine = engine
-        self.updates: list[tuple[int, str, str]] = []
-
-    async def update_weights(self, path: str, version: int, *, mode: str, kv: str) -> None:
-        self.engine.version = version
-        self.updates.append((version, mode, kv))
-
-
 class DemoScript:
     """A scripted-engine script that replays each trajectory's own task demonstration.
 
@@ -114,7 +102,7 @@ class DemoScript:
         return turns[min(index, len(turns) - 1)]
 
 
-class CapacityEngine:
+class CapacityEngine(FakeEngineClient):
     """An engine model with finite capacity around the scripted engine, for pipeline studies.
 
     At most `slots` requests decode at once (continuous batching's batch size); each sampled
@@ -173,10 +161,8 @@ class CapacityEngine:
     async def release_session(self, session_id: str) -> None:
         await self.engine.release_session(session_id)
 
-    def pinned(self, version: int) -> "_Pinned":
-        return _Pinned(self, version)
-
-    async def update_weights(self, path: str, version: int, *, mode: str, kv: str) -> None:
+    async def update_weights(self, path: str, version: int, *, mode: UpdateMode = "inflight",
+                             kv: KvPolicy = "recompute") -> WeightUpdateReport:
         started = time.monotonic()
         self._admit = anyio.Event()
         stall = mode == "inflight" and kv == "recompute"
@@ -188,21 +174,8 @@ class CapacityEngine:
                     await anyio.sleep(self.tick_s)
             elif stall:
                 await anyio.sleep(sum(self._active.values()) * self.prefill_s)
-            self.version = version
+            return await super().update_weights(path, version, mode=mode, kv=kv)
         finally:
             self._admit.set()
             self._decode.set()
             self.update_pause_s += time.monotonic() - started
-
-
-
-class _Pinned:
-    def __init__(self, engine, version: int) -> None:
-        self.engine, self.version = engine, version
-
-    async def generate(self, request):
-        return await self.engine.generate(dataclasses.replace(request,
-                                                              weights_version=self.version))
-
-    async def release_session(self, session_id: str) -> None:
-        await self.engine.release_session(session_id)

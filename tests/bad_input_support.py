@@ -19,8 +19,11 @@ from core.engine_api import (
     ABORT_ROUTE,
     GENERATE_ROUTE,
     RELEASE_SESSION_ROUTE,
+    UPDATE_WEIGHTS_ROUTE,
     GenerateBody,
     GenerateRequest,
+    UpdateWeightsBody,
+    UpdateWeightsReply,
     encode_generate_reply,
 )
 from core.sandbox import ExecResult
@@ -28,7 +31,7 @@ from core.store import schema as s
 from core.store.store import Store
 from orchestrator.engines.scripted import ScriptedEngine, ScriptedTurn, script_key
 from orchestrator.pipeline import Pipeline
-from orchestrator.testing import FakeLearner, VersionedEngine
+from orchestrator.testing import FakeLearner
 from orchestrator.writer import running_writer
 from tasks import Component, Rubric, TaskFamily, TaskInstance, TaskLimits, ToolContext, tool
 from tasks.builtin_tools import bash
@@ -41,7 +44,7 @@ ENGINE_URL = "http://engine.test"
 
 # -- a short job on a real store -------------------------------------------------------------
 
-def run_job(url: str, *, engine: Any, scripted: ScriptedEngine, family: TaskFamily,
+def run_job(url: str, *, engine: Any, family: TaskFamily,
             sandbox: Callable[[], FakeSandbox] = FakeSandbox) -> Store:
     """One synchronous learner step of `family` (groups of 2, batches of 4) through the real
     pipeline, writer and store at `url`, the fake learner and fake sandboxes; the store after."""
@@ -59,13 +62,12 @@ def run_job(url: str, *, engine: Any, scripted: ScriptedEngine, family: TaskFami
         async with running_writer(store) as writer, anyio.create_task_group() as tg:
             await tg.start(learner.run)
             pipeline = Pipeline(run_id="r", cfg=cfg, store=store, writer=writer, engine=engine,
-                                weights=VersionedEngine(scripted), family=family,
-                                chat_format=CHAT, acquire=acquire, poll_s=0.01)
+                                family=family, chat_format=CHAT, acquire=acquire,
+                                poll_s=0.01)
             with anyio.fail_after(120):
                 await pipeline.run()
             tg.cancel_scope.cancel()
-        if hasattr(engine, "aclose"):
-            await engine.aclose()
+        await engine.aclose()
 
     anyio.run(main)
     return store
@@ -108,6 +110,17 @@ class BreakingEngine:
                                              "released_tokens": 0})
         if request.url.path == ABORT_ROUTE:
             return httpx.Response(200, json={"aborted": 0})
+        if request.url.path == "/health":  # the pipeline asks after an engine error
+            return httpx.Response(200, json={"status": "ok"})
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "scripted"}]})
+        if request.url.path == UPDATE_WEIGHTS_ROUTE:
+            update = UpdateWeightsBody.model_validate(body)
+            report = await self.scripted.update_weights(update.path, update.version,
+                                                        mode=update.mode, kv=update.kv)
+            return httpx.Response(200, json=UpdateWeightsReply(
+                path=update.path, **{f: getattr(report, f) for f in UpdateWeightsReply.model_fields
+                                     if f != "path"}).model_dump(mode="json"))
         assert request.url.path == GENERATE_ROUTE, request.url
         generate = GenerateBody.model_validate(body)
         result = await self.scripted.generate(GenerateRequest(

@@ -196,12 +196,12 @@ def test_a_bad_reply_mid_trajectory_keeps_what_the_trajectory_recorded(sqlite_ur
     corrupt, expected = HTTP_FAULTS[fault]
     engine = BreakingEngine(corrupt)
     client = engine_client(ENGINE_URL, transport=engine.transport, retries=0)
-    store = run_job(sqlite_url, engine=client, scripted=engine.scripted, family=coin_family())
+    store = run_job(sqlite_url, engine=client, family=coin_family())
 
     victim = trajectory(store, int(VICTIM))
     assert (victim.status, victim.stop_reason) == ("infra_error", "engine_error")
     error = one_line(victim.error)
-    assert error.startswith(f"engine_error: EngineError: the stalewise engine at {ENGINE_URL}"
+    assert error.startswith(f"engine_error: EngineError: the embedded engine at {ENGINE_URL}"
                             f"/stalewise/generate sent "), error
     assert expected in error, error
     (call,) = rows(store, s.ModelCall, trajectory_id=int(VICTIM))
@@ -314,8 +314,7 @@ def _check_observation(kind: str, row) -> None:
 def test_bad_tool_output_is_recorded_as_the_model_saw_it(sqlite_url, kind):
     """Trajectory 1's second tool call prints bad output: the observation is stored cleaned and
     capped, both tool calls and all three model calls are there, and it completes."""
-    store = run_job(sqlite_url, engine=(engine := shell_engine(bash_turn("bad"))),
-                    scripted=engine, family=shell_family(),
+    store = run_job(sqlite_url, engine=shell_engine(bash_turn("bad")), family=shell_family(),
                     sandbox=output_sandbox(TOOL_OUTPUTS[kind]))
     victim = trajectory(store, int(VICTIM))
     assert victim.status == "completed" and victim.error is None
@@ -331,8 +330,7 @@ def test_bad_tool_output_is_recorded_as_the_model_saw_it(sqlite_url, kind):
 def test_nul_bytes_in_tool_output_reach_postgresql(pg_url):
     """PostgreSQL text refuses NUL: one such observation used to fail the writer's whole batch,
     the rows of every other trajectory in it too."""
-    store = run_job(pg_url, engine=(engine := shell_engine(bash_turn("bad"))), scripted=engine,
-                    family=shell_family(), sandbox=output_sandbox(_exec("a\x00b\x00\x00c")))
+    store = run_job(pg_url, engine=shell_engine(bash_turn("bad")), family=shell_family(), sandbox=output_sandbox(_exec("a\x00b\x00\x00c")))
     _, second = rows(store, s.ToolCall, trajectory_id=int(VICTIM))
     assert second.observation == "a\ufffdb\ufffdc"
     assert trajectory(store, int(VICTIM)).status == "completed"
@@ -341,8 +339,7 @@ def test_nul_bytes_in_tool_output_reach_postgresql(pg_url):
 
 
 def test_a_tool_that_returns_no_text_fails_its_trajectory_and_keeps_the_rest(sqlite_url):
-    store = run_job(sqlite_url, engine=(engine := shell_engine(EMIT_TURN)), scripted=engine,
-                    family=shell_family(), sandbox=output_sandbox(_exec("")))
+    store = run_job(sqlite_url, engine=shell_engine(EMIT_TURN), family=shell_family(), sandbox=output_sandbox(_exec("")))
     victim = trajectory(store, int(VICTIM))
     assert (victim.status, victim.stop_reason) == ("failed", "tool_exception")
     assert victim.error.startswith("tool_exception: tool emit raised TypeError: tool returned "

@@ -15,9 +15,10 @@ from pathlib import Path
 import anyio
 
 from config.job import JobConfig
+from core.engine_api import EngineClient
 from orchestrator.cluster.launch import CommandLaunch, EngineLaunch
 from orchestrator.cluster.placement import PlacementError, RoleGroup, connect
-from orchestrator.engines.embedded import EngineClient, engine_client
+from orchestrator.engines.embedded import engine_client
 from orchestrator.processes import ChildDied
 
 BROKEN = ("failed", "lost", "stopped")

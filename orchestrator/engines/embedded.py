@@ -1,18 +1,17 @@
 """The orchestrator's HTTP clients for inference engines: the embedded engine or `vllm serve`.
 
-`engine_client(url, backend=...)` builds one. Every client is an `EngineClient`
-(`orchestrator.engines.http`): it implements `core.engine_api.InferenceEngine`
-(`generate`, `release_session`) plus the admin calls the weight-sync loop needs
-(`update_weights`, `pause`, `resume`, `abort`, `metrics`, `health`), over one retrying
-transport. It never imports torch.
+`engine_client(url, kind=...)` builds one. Every client implements `core.engine_api.EngineClient`
+(`generate`, `release_session`, `update_weights`, `pinned`, `health`, ...) plus the admin
+calls both servers have (`pause`, `resume`, `abort`, `metrics`), over one retrying transport
+(`orchestrator.engines.http.HttpEngineClient`). It never imports torch.
 
-Backends, one class each:
+Kinds, one class each (`[engine] kind`):
 
-- `backend="stalewise"`, `EmbeddedEngineClient` (this module): `/stalewise/generate` returns
+- `kind="embedded"`, `EmbeddedEngineClient` (this module): `/stalewise/generate` returns
   every per-token field (ids, processed log-probs, weights and KV versions, time offsets,
   top-k) exactly as the engine recorded them; bodies and replies are `core.engine_api`'s
   schemas, the same ones the server uses. Weight updates go to `/stalewise/update_weights`.
-- `backend="vllm"`, `orchestrator.engines.vllm.VllmEngineClient`: `/v1/completions` streamed,
+- `kind="vllm"`, `orchestrator.engines.vllm.VllmEngineClient`: `/v1/completions` streamed,
   with client-side attribution of versions and times (the rules are in that module), and
   weight updates through vLLM's pause / collective_rpc / reset_prefix_cache / resume routes.
 
@@ -51,6 +50,7 @@ from core.engine_api import (
     AbortBody,
     AbortReply,
     EngineError,
+    EngineKind,
     GenerateBody,
     GenerateRequest,
     GenerateResult,
@@ -60,21 +60,22 @@ from core.engine_api import (
     UpdateWeightsBody,
     UpdateWeightsReply,
     VersionNotResidentError,
+    WeightUpdateReport,
     decode_generate_reply,
     decode_reply,
 )
-from orchestrator.engines.http import Backend, EngineClient, EngineTimeouts, WeightUpdateReport
+from orchestrator.engines.http import EngineTimeouts, HttpEngineClient
 from orchestrator.engines.pinning import PinnedEngine
 from orchestrator.engines.vllm import VllmEngineClient
 
-__all__ = ["Backend", "EmbeddedEngineClient", "EngineClient", "EngineTimeouts",
-           "VersionNotResidentError", "VllmEngineClient", "WeightUpdateReport", "engine_client"]
+__all__ = ["EmbeddedEngineClient", "EngineTimeouts", "HttpEngineClient",
+           "VersionNotResidentError", "VllmEngineClient", "engine_client"]
 
 
-class EmbeddedEngineClient(EngineClient):
+class EmbeddedEngineClient(HttpEngineClient):
     """The embedded engine's `/stalewise/*` routes (see module docstring)."""
 
-    backend = "stalewise"
+    kind = "embedded"
     serve_hint = "`stalewise engine serve`"
     can_pin = True
 
@@ -118,7 +119,7 @@ class EmbeddedEngineClient(EngineClient):
         reply = decode_reply(UpdateWeightsReply, payload,
                              source=self.http.sender(UPDATE_WEIGHTS_ROUTE))
         self._version = reply.version
-        return WeightUpdateReport.from_reply(reply, self.backend)
+        return WeightUpdateReport.from_reply(reply, self.kind)
 
     async def abort(self, request_id: str | None = None) -> int:
         body = AbortBody(all=True) if request_id is None else AbortBody(request_id=request_id)
@@ -133,23 +134,22 @@ class EmbeddedEngineClient(EngineClient):
                             source=self.http.sender(METRICS_ROUTE))
 
 
-CLIENTS: dict[str, type[EngineClient]] = {EmbeddedEngineClient.backend: EmbeddedEngineClient,
-                                         VllmEngineClient.backend: VllmEngineClient}
+CLIENTS: dict[str, type[HttpEngineClient]] = {EmbeddedEngineClient.kind: EmbeddedEngineClient,
+                                             VllmEngineClient.kind: VllmEngineClient}
 
 
-def engine_client(base_url: str, *, backend: Backend = "stalewise", model: str | None = None,
+def engine_client(base_url: str, *, kind: EngineKind = "embedded", model: str | None = None,
                   timeouts: EngineTimeouts | None = None, max_connections: int = 256,
                   retries: int = 3, retry_backoff_s: float = 0.2, ignore_eos: bool = False,
                   initial_version: int = 0, transport: httpx.AsyncBaseTransport | None = None
-                  ) -> EngineClient:
-    """The client for the engine at `base_url`: `backend` "stalewise" (the embedded engine) or
+                  ) -> HttpEngineClient:
+    """The client for the engine at `base_url`: `kind` "embedded" (the embedded engine) or
     "vllm". `model` names the served model (default: the first of `/v1/models`);
     `initial_version` is the weights version the engine serves now; `transport` replaces the
     network (tests)."""
-    if backend not in CLIENTS:
-        raise ValueError(f"backend must be one of {', '.join(map(repr, CLIENTS))}, "
-                         f"got {backend!r}")
-    return CLIENTS[backend](base_url, model=model, timeouts=timeouts,
+    if kind not in CLIENTS:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, CLIENTS))}, got {kind!r}")
+    return CLIENTS[kind](base_url, model=model, timeouts=timeouts,
                             max_connections=max_connections, retries=retries,
                             retry_backoff_s=retry_backoff_s, ignore_eos=ignore_eos,
                             initial_version=initial_version, transport=transport)

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 import anyio
 
 from config.engine import EngineConfig
+from core.engine_api import EngineClient
 from core.log import get_logger
-from orchestrator.engines.embedded import EngineClient, engine_client
+from orchestrator.engines.embedded import engine_client
 from orchestrator.engines.replicas import ReplicaRouter
 
 if TYPE_CHECKING:
@@ -98,15 +99,14 @@ class LocalReplicas:
 
 def job_engine_client(cfg: EngineConfig, *, single_url: str | None,
                       local: "LocalReplicas | RayEngines | None",
-                      version: int) -> EngineClient | ReplicaRouter:
+                      version: int) -> EngineClient:
     """The pipeline's engine client: `single_url`'s client for one engine, else a router over
     the replicas the job started (`local`: processes here, or Ray actors; either restarts a
     replica at the newest weights) or over `cfg.urls`."""
-    backend = "vllm" if cfg.kind == "vllm" else "stalewise"
     if single_url is not None:
-        return engine_client(single_url, backend=backend, initial_version=version)
+        return engine_client(single_url, kind=cfg.kind, initial_version=version)
     urls = local.urls if local is not None else list(cfg.urls)
-    clients = [engine_client(u, backend=backend, initial_version=version) for u in urls]
+    clients = [engine_client(u, kind=cfg.kind, initial_version=version) for u in urls]
     return ReplicaRouter(clients, restart=local.restart if local is not None else None,
                          max_restarts=cfg.replica_max_restarts,
                          health_interval_s=cfg.replica_health_interval_s,

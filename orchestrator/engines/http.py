@@ -1,12 +1,13 @@
 """What every engine client shares: one retrying HTTP transport and the routes both backends serve.
 
-`EngineTransport` owns the connection pool and the failure policy; the backend clients
+`EngineTransport` owns the connection pool and the failure policy; the clients of each kind
 (`orchestrator.engines.embedded.EmbeddedEngineClient`, `orchestrator.engines.vllm.VllmEngineClient`)
-only say which route to call and how to read the reply. `EngineClient` is their common base:
-lifecycle, the version this client knows, `/health`, `/v1/models`, `/pause` and `/resume`.
+only say which route to call and how to read the reply. `HttpEngineClient` is their common base
+(the `core.engine_api.EngineClient` contract over HTTP): lifecycle, the version this client
+knows, `/health`, `/v1/models`, `/pause` and `/resume`.
 
 Failure policy (every client inherits it):
-- Every failure is an `EngineError` whose message names the backend, the URL and route, and
+- Every failure is an `EngineError` whose message names the kind, the URL and route, and
   what to do.
 - Timeouts are explicit per call class (`EngineTimeouts`); the connection pool is bounded.
 - Retries (`retries` more attempts, backoff `retry_backoff_s * 2**k`) happen only where they
@@ -22,23 +23,22 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar, get_args
 
 import anyio
 import httpx
 
 from core.engine_api import (
     EngineError,
+    EngineKind,
     GenerateRequest,
     GenerateResult,
     InferenceEngine,
     KvPolicy,
     PauseMode,
     UpdateMode,
-    UpdateWeightsReply,
+    WeightUpdateReport,
 )
-
-Backend = Literal["stalewise", "vllm"]
 
 
 @dataclass(frozen=True)
@@ -52,36 +52,6 @@ class EngineTimeouts:
     pool: float = 900.0       # waiting for a free pooled connection
 
 
-@dataclass(frozen=True)
-class WeightUpdateReport:
-    """What one `update_weights` did, on either backend (vLLM reports -1 for unknown counts)."""
-
-    version: int
-    previous_version: int
-    mode: UpdateMode
-    kv: KvPolicy
-    pause_s: float
-    wait_s: float
-    in_flight_sequences: int
-    recomputed_tokens: int
-    invalidated_sessions: int
-    already_applied: bool
-    backend: Backend
-    resident_versions: tuple[int, ...] = ()   # held by the engine after the update
-    evicted_versions: tuple[int, ...] = ()    # dropped while still pinned (resident cap)
-
-    @classmethod
-    def from_reply(cls, reply: UpdateWeightsReply, backend: Backend) -> WeightUpdateReport:
-        return cls(version=reply.version, previous_version=reply.previous_version,
-                   mode=reply.mode, kv=reply.kv, pause_s=reply.pause_s, wait_s=reply.wait_s,
-                   in_flight_sequences=reply.in_flight_sequences,
-                   recomputed_tokens=reply.recomputed_tokens,
-                   invalidated_sessions=reply.invalidated_sessions,
-                   already_applied=reply.already_applied, backend=backend,
-                   resident_versions=reply.resident_versions,
-                   evicted_versions=reply.evicted_versions)
-
-
 class _NotSent(Exception):
     """The request never reached the engine (safe to retry anything)."""
 
@@ -92,12 +62,12 @@ _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 class EngineTransport:
     """HTTP to one engine server with the failure policy of the module docstring."""
 
-    def __init__(self, base_url: str, *, backend: Backend, serve_hint: str,
+    def __init__(self, base_url: str, *, kind: EngineKind, serve_hint: str,
                  timeouts: EngineTimeouts, max_connections: int, retries: int,
                  retry_backoff_s: float, transport: httpx.AsyncBaseTransport | None = None
                  ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.backend = backend
+        self.kind = kind
         self.serve_hint = serve_hint  # the command that starts this kind of engine
         self.timeouts = timeouts
         self.retries = retries
@@ -116,7 +86,7 @@ class EngineTransport:
         return httpx.Timeout(connect=t.connect, read=read, write=max(t.control, 30.0), pool=t.pool)
 
     def where(self, path: str) -> str:
-        return f"{self.backend} engine at {self.base_url}{path}"
+        return f"{self.kind} engine at {self.base_url}{path}"
 
     def sender(self, path: str) -> str:
         """Who sent a reply, for `core.engine_api`'s decoding errors."""
@@ -258,12 +228,12 @@ def error_message(response: httpx.Response) -> str:
     return json.dumps(body)[:500]
 
 
-class EngineClient(ABC):
-    """An engine client: `InferenceEngine` plus the admin calls the weight-sync loop needs.
+class HttpEngineClient(ABC):
+    """`core.engine_api.EngineClient` over HTTP, with the admin calls both servers have.
 
-    Subclasses are the backends; build one with `orchestrator.engines.embedded.engine_client`."""
+    Subclasses are the kinds; build one with `orchestrator.engines.embedded.engine_client`."""
 
-    backend: ClassVar[Backend]
+    kind: ClassVar[EngineKind]
     serve_hint: ClassVar[str]
     can_pin: ClassVar[bool]   # keeps several weights versions resident (`pinned`, mode "pin")
 
@@ -272,7 +242,7 @@ class EngineClient(ABC):
                  retries: int = 3, retry_backoff_s: float = 0.2, ignore_eos: bool = False,
                  initial_version: int = 0, transport: httpx.AsyncBaseTransport | None = None
                  ) -> None:
-        self.http = EngineTransport(base_url, backend=self.backend, serve_hint=self.serve_hint,
+        self.http = EngineTransport(base_url, kind=self.kind, serve_hint=self.serve_hint,
                                     timeouts=timeouts or EngineTimeouts(),
                                     max_connections=max_connections, retries=retries,
                                     retry_backoff_s=retry_backoff_s, transport=transport)
@@ -298,7 +268,7 @@ class EngineClient(ABC):
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    async def __aenter__(self) -> EngineClient:
+    async def __aenter__(self) -> HttpEngineClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

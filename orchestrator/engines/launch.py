@@ -13,7 +13,7 @@ Torch-free: the orchestrator imports this module. Two launchers share one shape:
   (`--generation-config vllm`), the stalewise worker extension for weight reloads, development
   routes (`VLLM_SERVER_DEV_MODE=1`: /pause, /resume, /collective_rpc, /reset_prefix_cache) and
   cached-token counts in usage. Attaching to a running `vllm serve`
-  needs no launcher: point `engine_client(url, backend="vllm")` at it.
+  needs no launcher: point `engine_client(url, kind="vllm")` at it.
 
 Guarantees: `start` returns only once `/health` answers 200, or raises `LaunchError` with the
 tail of the child's log (a child that exits early is reported at once, not after the timeout);

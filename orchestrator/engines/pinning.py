@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 import anyio
 
 from core.engine_api import (
+    EngineClient,
     GenerateRequest,
     GenerateResult,
     InferenceEngine,
@@ -48,10 +48,6 @@ class PinnedEngine:
         await self.engine.release_session(session_id)
 
 
-class PinnableEngine(InferenceEngine, Protocol):
-    def pinned(self, version: int) -> InferenceEngine: ...
-
-
 class PinOnFirstCall:
     """One trajectory's engine in `async` mode: its first request is pinned to the version the
     engine serves at that moment, and every later request of the trajectory to the same one.
@@ -61,7 +57,7 @@ class PinOnFirstCall:
     been sampled yet, so the first request waits for the newer version and is pinned to it;
     a later request refused that way is an engine error, as the trajectory cannot move."""
 
-    def __init__(self, engine: PinnableEngine, current_version: Callable[[], int], *,
+    def __init__(self, engine: EngineClient, current_version: Callable[[], int], *,
                  repin_wait_s: float = 30.0, poll_s: float = 0.005) -> None:
         self.engine, self.current_version = engine, current_version
         self.repin_wait_s, self.poll_s = repin_wait_s, poll_s

@@ -1,9 +1,10 @@
 """Several engine replicas behind one engine client: session affinity, weight fan-out, failover.
 
-`ReplicaRouter(clients)` is an engine client like `orchestrator.engines.embedded.engine_client()`'s
-(`generate`, `release_session`, `pinned`, `update_weights`, `pause`, `resume`, `abort`,
-`metrics`, `health`, `wait_ready`, `model_name`, `max_model_len`, `can_pin`), over N replicas,
-each an engine client of its own (embedded engine, vLLM, or the scripted fake in tests).
+`ReplicaRouter(clients)` is a `core.engine_api.EngineClient` like the ones
+`orchestrator.engines.embedded.engine_client()` builds (plus `pause`, `resume`, `abort`,
+`metrics`, `model_name`), over N replicas, each an `EngineClient` of its own (embedded engine,
+vLLM, or the scripted fake in tests), all of one kind. Its `update_weights` returns one
+`WeightUpdateReport` that holds every replica's.
 
 Guarantees:
 - Affinity: a session (`GenerateRequest.session_id`) is served by one replica while that
@@ -40,19 +41,22 @@ import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 
 from core.engine_api import (
+    EngineClient,
     EngineError,
+    EngineKind,
     GenerateRequest,
     GenerateResult,
     KvPolicy,
     PauseMode,
     UpdateMode,
     VersionNotResidentError,
+    WeightUpdateReport,
 )
 from core.log import get_logger
 from orchestrator.engines.pinning import PinnedEngine
@@ -60,24 +64,14 @@ from orchestrator.engines.pinning import PinnedEngine
 log = get_logger("stalewise.replicas")
 
 
-class ReplicaClient(Protocol):
-    """What the router needs of one replica's client (every `EngineClient` has it)."""
-
-    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
-    async def release_session(self, session_id: str) -> None: ...
-    async def update_weights(self, path: str, version: int, *, mode: UpdateMode,
-                             kv: KvPolicy) -> Any: ...
-    async def health(self) -> bool: ...
-
-
 # restart(index, newest) -> a ready client of a fresh replica; newest = (path, version) or None
-Restart = Callable[[int, "tuple[str, int] | None"], Awaitable[ReplicaClient]]
+Restart = Callable[[int, "tuple[str, int] | None"], Awaitable[EngineClient]]
 
 
 @dataclass(eq=False)
 class Replica:
     index: int
-    client: ReplicaClient
+    client: EngineClient
     up: bool = True
     down_reason: str = ""
     outstanding_tokens: int = 0
@@ -115,26 +109,19 @@ class _ReplicaFailed(Exception):
         self.replica, self.reason = replica, reason
 
 
-@dataclass(frozen=True)
-class FanOutReport:
-    """What one `update_weights` did on every replica (`skipped`: replicas down meanwhile)."""
-
-    version: int
-    reports: tuple[Any, ...]
-    skipped: tuple[int, ...] = ()
-
-
 class ReplicaRouter:
     """Engine client over several replicas (see module docstring)."""
 
-    backend = "replicas"
-
-    def __init__(self, clients: Sequence[ReplicaClient], *, restart: Restart | None = None,
+    def __init__(self, clients: Sequence[EngineClient], *, restart: Restart | None = None,
                  max_restarts: int = 3, health_interval_s: float = 2.0,
                  health_failures: int = 3, probe_timeout_s: float = 5.0,
                  initial_version: int = 0) -> None:
         if not clients:
             raise ValueError("a ReplicaRouter needs at least one replica client")
+        kinds = {c.kind for c in clients}
+        if len(kinds) != 1:
+            raise ValueError(f"the replicas behind one router are of one kind, got {sorted(kinds)}")
+        self.kind: EngineKind = kinds.pop()
         self.replicas = [Replica(i, c, versions={initial_version})
                          for i, c in enumerate(clients)]
         self.restart, self.max_restarts = restart, max_restarts
@@ -354,7 +341,7 @@ class ReplicaRouter:
         if old is not client and hasattr(old, "aclose"):
             await old.aclose()
 
-    async def _take_back(self, replica: Replica, client: ReplicaClient) -> None:
+    async def _take_back(self, replica: Replica, client: EngineClient) -> None:
         """Bring a replica that answers again to the newest weights, then route to it."""
         async with self._updates:
             replica.client = client
@@ -374,13 +361,13 @@ class ReplicaRouter:
 
     # ---- admin: fan out ------------------------------------------------------------------
     async def update_weights(self, path: str, version: int, *, mode: UpdateMode = "inflight",
-                             kv: KvPolicy = "recompute") -> FanOutReport:
+                             kv: KvPolicy = "recompute") -> WeightUpdateReport:
         """Apply the update on every up replica concurrently; a replica that fails and no
         longer answers is marked down (it catches up when it comes back). Raises
         `EngineError` when no replica applied it."""
         async with self._updates:
             targets = [r for r in self.replicas if r.up]
-            reports: dict[int, Any] = {}
+            reports: dict[int, WeightUpdateReport] = {}
             errors: dict[int, EngineError] = {}
 
             async def one(replica: Replica) -> None:
@@ -404,9 +391,9 @@ class ReplicaRouter:
                 replica = self.replicas[index]
                 replica.versions = ({version} if mode != "pin"
                                     else replica.versions | {version})
-            return FanOutReport(version=int(version),
-                                reports=tuple(reports[i] for i in sorted(reports)),
-                                skipped=tuple(sorted(errors)))
+            return WeightUpdateReport.combined(  # skipped: down, they catch up when back
+                [reports[i] for i in sorted(reports)],
+                skipped=[r.index for r in self.replicas if r.index not in reports])
 
     async def _each(self, call: Callable[[Any], Awaitable[Any]]) -> dict[int, Any]:
         """`call(client)` on every up replica at once: results by replica index."""
@@ -454,7 +441,7 @@ class ReplicaRouter:
     # ---- what the job reads once --------------------------------------------------------
     @property
     def can_pin(self) -> bool:
-        return all(getattr(r.client, "can_pin", True) for r in self.replicas)
+        return all(r.client.can_pin for r in self.replicas)
 
     @property
     def weights_version(self) -> int:
@@ -472,8 +459,7 @@ class ReplicaRouter:
 
     async def aclose(self) -> None:
         for replica in self.replicas:
-            if hasattr(replica.client, "aclose"):
-                await replica.client.aclose()
+            await replica.client.aclose()
 
     async def __aenter__(self) -> ReplicaRouter:
         return self

@@ -1,7 +1,8 @@
 """A scripted inference engine: replays given assistant turns as sampled tokens.
 
-It satisfies `core.engine_api.InferenceEngine` and behaves like a real engine where the
-agent loop can tell: it honours `max_tokens` (cut, finish "length") and `stop_token_ids` (cut
+It is a `core.engine_api.EngineClient` (`FakeEngineClient`: weight updates make the new version
+current and are kept in `updates`) and behaves like a real engine where the agent loop can
+tell: it honours `max_tokens` (cut, finish "length") and `stop_token_ids` (cut
 after the first stop id, finish "stop"), reports cached prompt tokens for a session whose new
 prompt extends its previous context, stamps every token with the current weights version and a
 KV version (`kv_mode="retain"` keeps the version of the session's oldest KV entry across
@@ -33,10 +34,13 @@ import numpy as np
 
 from core.engine_api import (
     EngineError,
+    EngineKind,
     FinishReason,
     GenerateRequest,
     GenerateResult,
     KvPolicy,
+    UpdateMode,
+    WeightUpdateReport,
 )
 from core.records import FLOAT32, INT32, SampledTokens
 from orchestrator.engines.pinning import PinnedEngine
@@ -79,7 +83,48 @@ def script_key(session_id: str | None) -> str:
     return session_id.rsplit("/", 1)[0]
 
 
-class ScriptedEngine:
+class FakeEngineClient:
+    """The `EngineClient` surface an engine made for tests and benchmarks shares: it answers,
+    knows no context window, closes for free, and serves pinned views (it stamps a request's
+    `weights_version` on its tokens, as the embedded engine does). `update_weights` makes
+    `version` current and records `(version, mode, kv)` in `updates`; an engine that models an
+    update's cost overrides it and calls this one at the end."""
+
+    kind: EngineKind = "embedded"
+    can_pin = True
+    version = 0
+
+    @property
+    def updates(self) -> list[tuple[int, str, str]]:
+        if "_updates" not in self.__dict__:
+            self._updates: list[tuple[int, str, str]] = []
+        return self._updates
+
+    async def update_weights(self, path: str, version: int, *, mode: UpdateMode = "inflight",
+                             kv: KvPolicy = "recompute") -> WeightUpdateReport:
+        previous, self.version = self.version, int(version)
+        self.updates.append((int(version), mode, kv))
+        return WeightUpdateReport(int(version), previous, mode, kv, pause_s=0.0, wait_s=0.0,
+                                  in_flight_sequences=0, recomputed_tokens=0,
+                                  invalidated_sessions=0, already_applied=False, kind=self.kind)
+
+    def pinned(self, version: int) -> PinnedEngine:
+        return PinnedEngine(self, version)
+
+    async def health(self) -> bool:
+        return True
+
+    async def wait_ready(self, timeout: float = 120.0) -> None:
+        return None
+
+    async def max_model_len(self) -> int | None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+class ScriptedEngine(FakeEngineClient):
     def __init__(self, script: Script | Sequence[ScriptedTurn], *, engine_id: str = "scripted",
                  version: int = 0, kv_mode: KvPolicy = "recompute",
                  latency: LatencyModel | None = None, malformed_rate: float = 0.0,
@@ -127,11 +172,6 @@ class ScriptedEngine:
             self._contexts[request.session_id] = (prompt, ids)
         return GenerateResult(tokens=tokens, finish_reason=finish, prompt_tokens=len(prompt),
                               cached_prompt_tokens=cached, engine_id=self.engine_id)
-
-    def pinned(self, version: int) -> PinnedEngine:
-        """A view whose requests are served (stamped) with weights `version`, like the
-        embedded engine's pinned sessions."""
-        return PinnedEngine(self, version)
 
     async def release_session(self, session_id: str) -> None:
         self.released.append(session_id)

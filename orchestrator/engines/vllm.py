@@ -36,13 +36,14 @@ from core.engine_api import (
     InferenceEngine,
     KvPolicy,
     UpdateMode,
+    WeightUpdateReport,
 )
-from orchestrator.engines.http import EngineClient, WeightUpdateReport
+from orchestrator.engines.http import HttpEngineClient
 from orchestrator.engines.vllm_stream import CompletionStream, completion_body
 
 COMPLETIONS_ROUTE = "/v1/completions"
 PAUSED_RETRY_S = 0.2   # back-off before resending a request vLLM refused with 503
-VLLM_CANNOT_PIN = ("async version pinning needs the embedded engine (backend='stalewise'), which "
+VLLM_CANNOT_PIN = ("async version pinning needs the embedded engine ([engine] kind = 'embedded'), which "
                    "keeps several weights versions resident; vLLM serves one version at a time. "
                    "With vLLM use update mode 'inflight' or 'drain' (pipeline mode 'inflight', "
                    "or 'sync')")
@@ -67,10 +68,10 @@ class EngineUnavailable(EngineError):
     """vLLM answered 503 (its queue is full, or it is not ready): nothing ran."""
 
 
-class VllmEngineClient(EngineClient):
+class VllmEngineClient(HttpEngineClient):
     """`vllm serve` (see module docstring)."""
 
-    backend = "vllm"
+    kind = "vllm"
     serve_hint = "`vllm serve`"
     can_pin = False
 
@@ -168,7 +169,7 @@ class VllmEngineClient(EngineClient):
                                   pause_s=time.monotonic() - paused_at,
                                   wait_s=paused_at - started, in_flight_sequences=-1,
                                   recomputed_tokens=-1, invalidated_sessions=-1,
-                                  already_applied=False, backend="vllm",
+                                  already_applied=False, kind="vllm",
                                   resident_versions=(int(version),))
 
     async def abort(self, request_id: str | None = None) -> int:

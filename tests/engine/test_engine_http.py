@@ -65,8 +65,8 @@ def test_health_models_and_info(server):
 
 
     async def client_view():
-        for backend in ("stalewise", "vllm"):  # the orchestrator caps task contexts with this
-            async with engine_client(server.url, backend=backend) as client:
+        for kind in ("embedded", "vllm"):  # the orchestrator caps task contexts with this
+            async with engine_client(server.url, kind=kind) as client:
                 assert await client.max_model_len() == 2048
                 assert await client.model_name() == "tiny"
 
@@ -172,7 +172,7 @@ async def _client_errors(url: str) -> None:
         with pytest.raises(EngineError, match="cannot reach"):
             await client.generate(GenerateRequest([1, 2], SamplingParams(max_tokens=2)))
         assert await client.health() is False
-    async with engine_client(url, backend="vllm") as client:
+    async with engine_client(url, kind="vllm") as client:
         with pytest.raises(EngineError, match="cancel the generate"):
             await client.abort("x")
 
@@ -259,7 +259,7 @@ async def _vllm_path(url: str, old_path, new_path, reference) -> None:
     async with httpx.AsyncClient() as http:
         old = (await http.get(f"{url}/stalewise/info")).json()["weights_version"]
     new = old + 1
-    async with engine_client(url, backend="vllm", ignore_eos=True, initial_version=old) as vllm, \
+    async with engine_client(url, kind="vllm", ignore_eos=True, initial_version=old) as vllm, \
             engine_client(url, ignore_eos=True) as native:
         via_vllm = await vllm.generate(GenerateRequest(PROMPTS[3], params))
         via_native = await native.generate(GenerateRequest(PROMPTS[3], params))
@@ -282,7 +282,7 @@ async def _vllm_path(url: str, old_path, new_path, reference) -> None:
             while (await native.metrics())["tokens/generated_total"] < generated + 20:
                 await anyio.sleep(0.005)
             report = await vllm.update_weights(str(new_path), new, mode="inflight", kv="recompute")
-        assert report.backend == "vllm" and vllm.weights_version == new
+        assert report.kind == "vllm" and vllm.weights_version == new
         tokens = holder["result"].tokens
         versions = tokens.weights_versions
         assert set(versions.tolist()) == {old, new} and (versions[1:] >= versions[:-1]).all()

@@ -281,7 +281,7 @@ def test_pinned_view_over_http(model_v0, model_v1, reference):
 
 
 async def _vllm_refuses_pinning() -> None:
-    async with engine_client("http://127.0.0.1:9", backend="vllm") as client:
+    async with engine_client("http://127.0.0.1:9", kind="vllm") as client:
         with pytest.raises(EngineError, match="needs the embedded engine.*'inflight' or 'drain'"):
             client.pinned(3)
         with pytest.raises(EngineError, match="needs the embedded engine"):

@@ -2,7 +2,7 @@
 
 One vLLM server for the module, serving SmolLM2-135M-Instruct in float32 through
 `orchestrator.engines.launch.VllmProcess`; the tests talk to it through the orchestrator's client
-(`engine_client(url, backend="vllm")`), as a job does. Weights versions only go up on a server,
+(`engine_client(url, kind="vllm")`), as a job does. Weights versions only go up on a server,
 so the module keeps one ledger (`Served`) of which checkpoint each version is; a later test
 loads v0's or v1's weights again under a new version number.
 
@@ -92,7 +92,7 @@ def reference() -> Reference:
 
 
 def client(served: Served, version: int | None = None):
-    return engine_client(served.url, backend="vllm", ignore_eos=True,
+    return engine_client(served.url, kind="vllm", ignore_eos=True,
                          initial_version=served.version if version is None else version)
 
 

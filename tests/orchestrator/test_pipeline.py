@@ -19,10 +19,10 @@ from config.job import parse_config
 from core.engine_api import VersionNotResidentError
 from core.store import schema as s
 from core.store.store import Store
-from orchestrator.engines.pinning import PinnedEngine, PinOnFirstCall
-from orchestrator.engines.scripted import LatencyModel
+from orchestrator.engines.pinning import PinOnFirstCall
+from orchestrator.engines.scripted import FakeEngineClient, LatencyModel
 from orchestrator.pipeline import Pipeline
-from orchestrator.testing import FakeLearner, VersionedEngine
+from orchestrator.testing import FakeLearner
 from orchestrator.writer import running_writer
 
 
@@ -36,13 +36,12 @@ def run_pipeline(url: str, overrides: dict, *, step_s: float = 0.0, latency=None
     learner = FakeLearner(store, "r", batch_size=cfg.learner.batch_size,
                           publish_every=cfg.learner.publish_every,
                           max_steps=cfg.pipeline.steps, step_s=step_s)
-    weights = VersionedEngine(engine)
 
     async def main():
         async with running_writer(store) as writer, anyio.create_task_group() as tg:
             await tg.start(learner.run)
             pipeline = Pipeline(run_id="r", cfg=cfg, store=store, writer=writer, engine=engine,
-                                weights=weights, family=coin_family(), chat_format=CHAT,
+                                family=coin_family(), chat_format=CHAT,
                                 acquire=fake_sandbox, poll_s=0.01)
             with anyio.fail_after(60):
                 await pipeline.run()
@@ -50,7 +49,7 @@ def run_pipeline(url: str, overrides: dict, *, step_s: float = 0.0, latency=None
         return pipeline
 
     pipeline = anyio.run(main)
-    return store, learner, weights, pipeline
+    return store, learner, engine, pipeline  # the engine records its weight updates
 
 
 def rows(store, table):
@@ -146,7 +145,7 @@ def test_zero_variance_groups_are_dropped_with_a_reason(sqlite_url):
         assert len(rewards) > 1
 
 
-class FlakyEngine:
+class FlakyEngine(FakeEngineClient):
     """The scripted coin engine behind a switch: while down, every call fails.
 
     It goes down by itself on call number `down_at_call`, so the outage always meets
@@ -174,9 +173,6 @@ class FlakyEngine:
     async def release_session(self, session_id):
         await self.engine.release_session(session_id)
 
-    def pinned(self, version: int):
-        return PinnedEngine(self, version)
-
     async def health(self) -> bool:
         return not self.down
 
@@ -200,9 +196,8 @@ def run_with_outage(url: str, *, outage_s: float, limit_s: float):
             await tg.start(learner.run)
             tg.start_soon(outage, flaky)
             pipeline = Pipeline(run_id="r", cfg=cfg, store=store, writer=writer, engine=flaky,
-                                weights=VersionedEngine(flaky), family=coin_family(),
-                                chat_format=CHAT, acquire=fake_sandbox, poll_s=0.01,
-                                engine_health=flaky.health)
+                                family=coin_family(), chat_format=CHAT, acquire=fake_sandbox,
+                                poll_s=0.01)
             with anyio.fail_after(60):
                 await pipeline.run()
             tg.cancel_scope.cancel()
@@ -364,7 +359,7 @@ def test_a_pipeline_cancelled_at_any_of_50_moments_raises_nothing_and_ends_every
             async with anyio.create_task_group() as tg:
                 await tg.start(learner.run)
                 pipeline = Pipeline(run_id=run_id, cfg=cfg, store=store, writer=writer,
-                                    engine=engine, weights=VersionedEngine(engine),
+                                    engine=engine,
                                     family=coin_family(), chat_format=CHAT,
                                     acquire=fake_sandbox, poll_s=0.01)
                 tg.start_soon(pipeline.run)

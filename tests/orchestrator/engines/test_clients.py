@@ -1,6 +1,6 @@
 """The engine clients against fake servers (httpx.MockTransport: real HTTP objects, no sockets).
 
-Contracts: the factory builds one client class per backend; the embedded client sends a body the
+Contracts: the factory builds one client class per kind; the embedded client sends a body the
 server's schema accepts and returns the reply decoded exactly; a malformed reply is an
 `EngineError` naming the route and the field; 409 is `VersionNotResidentError`; the retry policy
 retries connection failures and idempotent calls only; the vLLM client reads a streamed
@@ -39,14 +39,14 @@ URL = "http://engine.test"
 Handler = Callable[[httpx.Request], httpx.Response]
 
 
-def client(handler: Handler, backend: str = "stalewise", **options) -> object:
-    return engine_client(URL, backend=backend, transport=httpx.MockTransport(handler),
+def client(handler: Handler, kind: str = "embedded", **options) -> object:
+    return engine_client(URL, kind=kind, transport=httpx.MockTransport(handler),
                          retry_backoff_s=0.0, **options)
 
 
-def run(backend: str, handler: Handler, call, **options):
+def run(kind: str, handler: Handler, call, **options):
     async def main():
-        async with client(handler, backend, **options) as engine:
+        async with client(handler, kind, **options) as engine:
             return await call(engine)
     return anyio.run(main)
 
@@ -57,11 +57,11 @@ RESULT = GenerateResult(
     "length", 3, 1, "stalewise-x")
 
 
-def test_the_factory_builds_one_client_per_backend():
+def test_the_factory_builds_one_client_per_kind():
     assert isinstance(client(lambda r: httpx.Response(200)), EmbeddedEngineClient)
     assert isinstance(client(lambda r: httpx.Response(200), "vllm"), VllmEngineClient)
-    with pytest.raises(ValueError, match="backend must be one of 'stalewise', 'vllm', got 'tgi'"):
-        engine_client(URL, backend="tgi")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="kind must be one of 'embedded', 'vllm', got 'tgi'"):
+        engine_client(URL, kind="tgi")  # type: ignore[arg-type]
 
 
 def test_embedded_generate_sends_the_schema_and_decodes_the_reply_exactly():
@@ -77,7 +77,7 @@ def test_embedded_generate_sends_the_schema_and_decodes_the_reply_exactly():
             [1, 2, 3], SamplingParams(max_tokens=2, logprobs_topk=2), "s/0", weights_version=2))
         return got, engine.weights_version
 
-    got, version = run("stalewise", handler, call, ignore_eos=True)
+    got, version = run("embedded", handler, call, ignore_eos=True)
     assert got == RESULT and version == 3
     (body,) = seen
     assert body.prompt_token_ids == [1, 2, 3] and body.session_id == "s/0"
@@ -90,10 +90,10 @@ def test_a_malformed_reply_names_the_route_and_the_field():
         reply = encode_generate_reply(RESULT, request_id=body.request_id)
         return httpx.Response(200, json=reply | {"weights_versions": reply["kv_versions"][:4]})
 
-    with pytest.raises(EngineError, match=r"stalewise engine at http://engine.test/stalewise/"
+    with pytest.raises(EngineError, match=r"embedded engine at http://engine.test/stalewise/"
                                           r"generate sent a malformed generate reply: field "
                                           r"'weights_versions': 3 bytes, expected 2 x 4"):
-        run("stalewise", handler,
+        run("embedded", handler,
             lambda e: e.generate(GenerateRequest([1], SamplingParams())))
 
 
@@ -111,8 +111,8 @@ def test_update_replies_are_decoded_and_409_means_not_resident():
 
     async def call(engine):
         report = await engine.update_weights("/ckpt/4", 4, mode="pin", kv="retain")
-        assert (report.version, report.mode, report.kv, report.backend) == (4, "pin", "retain",
-                                                                            "stalewise")
+        assert (report.version, report.mode, report.kv, report.kind) == (4, "pin", "retain",
+                                                                         "embedded")
         assert report.resident_versions == (0, 4) and engine.weights_version == 4
         with pytest.raises(EngineError, match="update_weights reply: field 'pause_s': Field "
                                               "required"):
@@ -122,7 +122,7 @@ def test_update_replies_are_decoded_and_409_means_not_resident():
         with pytest.raises(ValueError, match=r"mode must be inflight\|drain\|pin"):
             await engine.update_weights("/ckpt/6", 6, mode="later")  # type: ignore[arg-type]
 
-    run("stalewise", handler, call)
+    run("embedded", handler, call)
 
 
 def failing(error: type[httpx.TransportError], calls: list, *, succeed_after: int = 99) -> Handler:
@@ -136,10 +136,10 @@ def failing(error: type[httpx.TransportError], calls: list, *, succeed_after: in
 
 def test_connection_failures_are_retried_then_named():
     calls: list = []
-    with pytest.raises(EngineError, match=r"cannot reach the stalewise engine at "
+    with pytest.raises(EngineError, match=r"cannot reach the embedded engine at "
                                           r"http://engine.test/stalewise/generate after 3 "
                                           r"attempts .*`stalewise engine serve`"):
-        run("stalewise", failing(httpx.ConnectError, calls),
+        run("embedded", failing(httpx.ConnectError, calls),
             lambda e: e.generate(GenerateRequest([1], SamplingParams())), retries=2)
     assert calls == ["/stalewise/generate"] * 3
 
@@ -147,14 +147,14 @@ def test_connection_failures_are_retried_then_named():
 def test_a_generate_that_may_have_started_is_never_retried():
     calls: list = []
     with pytest.raises(EngineError, match="did not answer within .* not retried"):
-        run("stalewise", failing(httpx.ReadTimeout, calls),
+        run("embedded", failing(httpx.ReadTimeout, calls),
             lambda e: e.generate(GenerateRequest([1], SamplingParams())), retries=2)
     assert calls == ["/stalewise/generate"]
 
 
 def test_idempotent_calls_are_retried_after_a_timeout():
     calls: list = []
-    metrics = run("stalewise", failing(httpx.ReadTimeout, calls, succeed_after=2),
+    metrics = run("embedded", failing(httpx.ReadTimeout, calls, succeed_after=2),
                   lambda e: e.metrics(), retries=2)
     assert metrics == {"tokens/generated_total": 1.0} and len(calls) == 3
 
@@ -190,3 +190,24 @@ def test_the_vllm_client_reads_a_streamed_completion():
     assert tokens.topk_ids.tolist() == [[7, 3], [8, -1]]
     assert np.isneginf(tokens.topk_logprobs[:, 1]).all()
     assert result.engine_id == "vllm@http://engine.test"
+
+
+def test_every_engine_the_orchestrator_drives_keeps_the_one_client_contract():
+    """`core.engine_api.EngineClient` is the contract of the pipeline's one engine: the HTTP
+    clients of both kinds, the router over replicas, and the fakes tests inject."""
+    from core.engine_api import EngineClient
+    from orchestrator.engines.replicas import ReplicaRouter
+    from orchestrator.engines.scripted import ScriptedEngine, ScriptedTurn
+    from orchestrator.testing import CapacityEngine
+
+    scripted = ScriptedEngine([ScriptedTurn((5,))])
+    engines = [client(lambda r: httpx.Response(200)), client(lambda r: httpx.Response(200), "vllm"),
+               scripted, CapacityEngine(scripted, slots=1, decode_s=0.0),
+               ReplicaRouter([ScriptedEngine([ScriptedTurn((5,))]) for _ in range(2)])]
+    for engine in engines:
+        assert isinstance(engine, EngineClient), type(engine).__name__
+    assert [e.kind for e in engines] == ["embedded", "vllm", "embedded", "embedded", "embedded"]
+    assert [e.can_pin for e in engines] == [True, False, True, True, True]
+    with pytest.raises(ValueError, match="of one kind"):
+        ReplicaRouter([client(lambda r: httpx.Response(200)),
+                       client(lambda r: httpx.Response(200), "vllm")])

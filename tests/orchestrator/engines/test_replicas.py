@@ -16,16 +16,17 @@ from core.engine_api import (
     GenerateResult,
     SamplingParams,
     VersionNotResidentError,
+    WeightUpdateReport,
 )
 from orchestrator.engines.pinning import PinOnFirstCall
 from orchestrator.engines.replicas import ReplicaRouter
-from orchestrator.engines.scripted import ScriptedEngine, ScriptedTurn
+from orchestrator.engines.scripted import FakeEngineClient, ScriptedEngine, ScriptedTurn
 
 pytestmark = pytest.mark.anyio
 STOP = 2
 
 
-class FakeReplica:
+class FakeReplica(FakeEngineClient):
     """A scripted engine as one replica: answers, dies, goes silent, or holds a request."""
 
     def __init__(self, name: str) -> None:
@@ -33,7 +34,7 @@ class FakeReplica:
         self.name = name
         self.dead = self.silent = False
         self.gate: anyio.Event | None = None  # set: requests wait for it
-        self.updates: list[tuple[str, int, str, str]] = []
+        self.applied: list[tuple[str, int, str, str]] = []
         self.resident: set[int] = {0}
         self.weights_version = 0
         self.fail_next: EngineError | None = None
@@ -59,13 +60,14 @@ class FakeReplica:
             raise EngineError(f"cannot reach {self.name}")
         await self.engine.release_session(session_id)
 
-    async def update_weights(self, path: str, version: int, *, mode: str, kv: str) -> str:
+    async def update_weights(self, path: str, version: int, *, mode: str = "inflight",
+                             kv: str = "recompute") -> WeightUpdateReport:
         if self.dead:
             raise EngineError(f"cannot reach {self.name}")
-        self.updates.append((path, version, mode, kv))
+        self.applied.append((path, version, mode, kv))
         self.engine.version = self.weights_version = version
         self.resident = self.resident | {version} if mode == "pin" else {version}
-        return f"{self.name}@{version}"
+        return await super().update_weights(path, version, mode=mode, kv=kv)
 
     async def health(self) -> bool:
         if self.silent:
@@ -153,8 +155,9 @@ async def test_weight_updates_reach_every_replica_and_tokens_carry_its_version()
     for s in sessions:
         await conversation(router, s, turns=1)
     report = await router.update_weights("/ckpt/v1", 1, mode="inflight", kv="retain")
-    assert report.version == 1 and report.reports == ("r0@1", "r1@1", "r2@1")
-    assert all(f.updates == [("/ckpt/v1", 1, "inflight", "retain")] for f in fakes)
+    assert report.version == 1 and [r.version for r in report.replicas] == [1, 1, 1]
+    assert report.skipped_replicas == () and report.previous_version == 0
+    assert all(f.applied == [("/ckpt/v1", 1, "inflight", "retain")] for f in fakes)
     assert router.weights_version == 1
     for s in sessions:
         result = (await conversation(router, s, turns=1))[0]
@@ -244,7 +247,7 @@ async def test_a_restarted_replica_comes_back_at_the_newest_weights():
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
     assert asked == [(0, ("/ckpt/v3", 3))]
-    assert fresh.updates == [("/ckpt/v3", 3, "drain", "recompute")]  # it started at v0 here
+    assert fresh.applied == [("/ckpt/v3", 3, "drain", "recompute")]  # it started at v0 here
     assert router.stats.restarts == 1
     result = (await conversation(router, "new/0", turns=1))[0]
     assert result.engine_id == "r0-restarted"
@@ -289,7 +292,7 @@ async def test_an_external_replica_that_answers_again_is_taken_back_after_catchi
     await conversation(router, "b/0", turns=1)  # r1 found dead, retried on r0
     assert not router.replicas[1].up
     report = await router.update_weights("/ckpt/v1", 1, mode="inflight", kv="recompute")
-    assert report.reports == ("r0@1",)
+    assert len(report.replicas) == 1 and report.skipped_replicas == (1,)
     fakes[1].dead = False
     async with anyio.create_task_group() as tg:
         await tg.start(router.run)
@@ -297,7 +300,7 @@ async def test_an_external_replica_that_answers_again_is_taken_back_after_catchi
             while not router.replicas[1].up:
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
-    assert fakes[1].updates == [("/ckpt/v1", 1, "drain", "recompute")]
+    assert fakes[1].applied == [("/ckpt/v1", 1, "drain", "recompute")]
 
 
 async def test_an_update_refused_by_an_answering_replica_is_an_error():

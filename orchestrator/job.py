@@ -22,7 +22,6 @@ import traceback
 from contextlib import AsyncExitStack
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import anyio
 from pydantic import BaseModel
@@ -33,13 +32,12 @@ from core.store import audit
 from core.store.outage import Outage, first_line
 from core.store.store import Store
 from core.tokenizer import load_tokenizer
-from orchestrator.cluster.roles import RayEngines, RayLearners
-from orchestrator.engines.fleet import LocalReplicas, job_engine_client
-from orchestrator.engines.replicas import ReplicaRouter
+from orchestrator.cluster.roles import RayLearners
+from orchestrator.engines.fleet import EngineFleet
 from orchestrator.evaluate import EvalResult, evaluate
 from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency
 from orchestrator.pools import PoolSet
-from orchestrator.processes import ChildProcess, Supervised, run_to_end, watch
+from orchestrator.processes import ChildProcess, Supervised, run_to_end
 from orchestrator.progress import show_progress, snapshot
 from orchestrator.report import held_out_gain, rollout_dynamics, store_ledger, write_report
 from orchestrator.resume import recover_run
@@ -47,9 +45,6 @@ from orchestrator.writer import running_writer
 from tasks.api import TaskFamily
 from tasks.chat import make_chat_format
 from tasks.loading import load_family
-
-if TYPE_CHECKING:
-    from orchestrator.cluster.roles import RayLearners
 
 log = get_logger("stalewise.job")
 
@@ -128,37 +123,13 @@ def start_learner(job: JobConfig, run_id: str, model_dir: Path, run_dir: Path) -
                               run_dir / "learner.log")
 
 
-def place_on_ray(job: JobConfig, run_id: str, model_dir: Path, serve_dir: Path, version: int,
-                 run_dir: Path):
-    """`cluster.backend = "ray"`: engine replicas and learner workers as Ray actors, each
-    supervising its child on its node (docs/scale-out.md); paths are absolute, since every
-    node must see the model and run directories at the same place."""
-    engines = None
-    if job.engine.url is None:
-        engines = RayEngines.place(job, serve_dir, version, run_dir, run_id)
-        log.info("engine replicas placed", urls=engines.urls)
-    try:
-        argv = learner_argv(job, run_id, model_dir.resolve(), run_dir.resolve())
-        return engines, RayLearners.place(job, argv, run_dir)
-    except BaseException:
-        if engines is not None:
-            engines.stop()
-        raise
-
-
-def start_engine(job: JobConfig, model_dir: Path, version: int, run_dir: Path):
-    from orchestrator.engines.launch import EngineProcess, VllmProcess
-
-    if job.engine.kind == "vllm":
-        return VllmProcess.start(model_dir, port=job.engine.port, initial_version=version,
-                                 extra_args=tuple(job.engine.extra_args),
-                                 log_path=run_dir / "engine.log",
-                                 startup_timeout=job.engine.startup_timeout_s)
-    return EngineProcess.start(model_dir, job.engine.server_fields(),
-                               config_path=run_dir / "engine.json", port=job.engine.port,
-                               initial_version=version, seed=job.run.seed,
-                               log_path=run_dir / "engine.log",
-                               startup_timeout=job.engine.startup_timeout_s)
+def place_learner_on_ray(job: JobConfig, run_id: str, model_dir: Path,
+                         run_dir: Path) -> RayLearners:
+    """`cluster.backend = "ray"`: the learner workers as Ray actors, each supervising its child
+    on its node (docs/scale-out.md); paths are absolute, since every node must see the model
+    and run directories at the same place."""
+    argv = learner_argv(job, run_id, model_dir.resolve(), run_dir.resolve())
+    return RayLearners.place(job, argv, run_dir)
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -207,7 +178,7 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
         store.create_run(run_id, name=job.run.name, config=job.model_dump(mode="json"),
                          pipeline_mode=job.pipeline.mode)
     log.info("run started", run_dir=str(run_dir), db=store.url, mode=job.pipeline.mode)
-    engine_proc = learner_proc = None
+    engines = learner_proc = None
     try:
         if job.sandbox.backend == "docker":  # fail before minutes of SFT, not after
             await anyio.to_thread.run_sync(_check_docker, job)
@@ -217,20 +188,14 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
             model_dir = await warm_start(job, model_dir, run_dir)
         version, path, _, _ = store.learner_progress(run_id)
         serve_dir = Path(path) if path else model_dir
-        if job.cluster.backend == "ray":
-            engine_proc, learner_proc = place_on_ray(job, run_id, model_dir, serve_dir,
-                                                     version, run_dir)
-        else:
-            if job.engine.url is None and not job.engine.urls:
-                # Started from the main thread (blocking briefly) so it dies with this process.
-                engine_proc = (start_engine(job, serve_dir, version, run_dir)
-                               if job.engine.replicas == 1 else
-                               LocalReplicas(job.engine, model_dir=serve_dir, version=version,
-                                             seed=job.run.seed, run_dir=run_dir).start())
-            learner_proc = Supervised("learner",
-                                      lambda: start_learner(job, run_id, model_dir, run_dir),
-                                      log=log.warning)
-        summary = await _main(job, store, run_id, run_dir, model_dir, engine_proc, learner_proc,
+        # from the main thread (blocking briefly), so what is started here dies with this process
+        engines = EngineFleet.start(job, model_dir=serve_dir, version=version, run_dir=run_dir,
+                                    run_id=run_id)
+        learner_proc = (place_learner_on_ray(job, run_id, model_dir, run_dir)
+                        if job.cluster.backend == "ray" else
+                        Supervised("learner", lambda: start_learner(job, run_id, model_dir,
+                                                                    run_dir), log=log.warning))
+        summary = await _main(job, store, run_id, run_dir, model_dir, engines, learner_proc,
                               version, resume is not None)
         if not await _record_status(job, store, run_id, "finished", summary=summary):
             return 1
@@ -254,7 +219,7 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
         raise
     finally:
         with anyio.CancelScope(shield=True):
-            for proc in (learner_proc, engine_proc):
+            for proc in (learner_proc, engines):
                 if proc is not None:
                     proc.stop()
             await anyio.to_thread.run_sync(_remove_containers, job, run_id)
@@ -333,20 +298,15 @@ def _remove_containers(job: JobConfig, run_id: str) -> None:
 
 
 async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_dir: Path,
-                engine_proc, learner_proc: "Supervised | RayLearners", version: int,
+                engines: EngineFleet, learner_proc: "Supervised | RayLearners", version: int,
                 resumed: bool) -> dict:
-    single_url = None  # one engine: today's client; several: a router over replicas
-    if job.engine.replica_count == 1:
-        single_url = job.engine.url or next(iter(job.engine.urls), None) or engine_proc.url
     family = await with_job_tools(load_family(job.tasks.family, job.tasks.family_options()),
                                   job, run_id)
     chat_format = make_chat_format(load_tokenizer(model_dir), job.model.chat_format,
                                    tool_listing=job.model.tool_listing)
     started = time.monotonic()
     async with AsyncExitStack() as stack:
-        client = await stack.enter_async_context(job_engine_client(
-            job.engine, single_url=single_url, version=version,
-            local=engine_proc if isinstance(engine_proc, (LocalReplicas, RayEngines)) else None))
+        client = await stack.enter_async_context(engines.client())
         await client.wait_ready(job.engine.startup_timeout_s)
         writer = await stack.enter_async_context(  # it outlives the rest
             running_writer(store, outage_s=job.run.store_outage_s))
@@ -360,11 +320,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
         results: list[EvalResult] = []
         async with anyio.create_task_group() as tg:
             await tg.start(pools.run)
-            if isinstance(client, ReplicaRouter):
-                await tg.start(client.run)  # probes, fails over, restarts replicas
-            elif engine_proc is not None:
-                tg.start_soon(watch, "engine", engine_proc.poll,
-                              engine_proc.log_tail)
+            await tg.start(engines.supervise, client)
             tg.start_soon(lambda: learner_proc.run(expected_exit=pipeline.done))
             tg.start_soon(lambda: show_progress(pipeline, every_s=job.run.progress_every_s,
                                                 header=lambda: run_id))

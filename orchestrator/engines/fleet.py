@@ -1,10 +1,16 @@
-"""The job's engines when there are several: local replica processes, or a list of URLs.
+"""The job's engines, whatever their topology, as one `EngineFleet`.
 
-`[engine] replicas = N` (N > 1) starts N embedded engine processes (`LocalReplicas`), each on
-a free port of its own with its own log (`RUN/engine-r<i>.log`); `[engine] urls = [...]`
-attaches to running servers. `job_engine_client` turns either, or the single engine of
-today's jobs, into the one client the pipeline uses: a plain engine client for one engine
-(behaviour unchanged), an `orchestrator.engines.replicas.ReplicaRouter` for several.
+Topologies (`[engine]`, `[cluster]`):
+- one engine started here (the default): an embedded engine process, or `vllm serve` from
+  `.venv-vllm` (`kind = "vllm"`); it is watched, and the job fails when it dies;
+- `replicas = N` (N > 1): N embedded engine processes (`LocalReplicas`), each on a free port of
+  its own with its own log (`RUN/engine-r<i>.log`), behind a router that restarts one that dies;
+- `cluster.backend = "ray"`: the replicas as Ray actors on their nodes (`RayEngines`);
+- `url = ...` or `urls = [...]`: servers someone else runs; nothing is started.
+
+`EngineFleet.start` starts what the topology needs, `client()` is the one `EngineClient` the
+pipeline uses (a plain client for one engine, an `orchestrator.engines.replicas.ReplicaRouter`
+for several), `supervise` is the task that watches them, and `stop` stops what was started.
 
 Guarantees: every replica process is forked from the event loop's (main) thread, so it dies
 with the job; waiting for one to answer happens in a worker thread and never blocks the loop.
@@ -19,8 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
+from anyio.abc import TaskStatus
 
 from config.engine import EngineConfig
+from config.job import JobConfig
 from core.engine_api import EngineClient
 from core.log import get_logger
 from orchestrator.engines.embedded import engine_client
@@ -97,17 +105,82 @@ class LocalReplicas:
             process.stop()
 
 
-def job_engine_client(cfg: EngineConfig, *, single_url: str | None,
-                      local: "LocalReplicas | RayEngines | None",
-                      version: int) -> EngineClient:
-    """The pipeline's engine client: `single_url`'s client for one engine, else a router over
-    the replicas the job started (`local`: processes here, or Ray actors; either restarts a
-    replica at the newest weights) or over `cfg.urls`."""
-    if single_url is not None:
-        return engine_client(single_url, kind=cfg.kind, initial_version=version)
-    urls = local.urls if local is not None else list(cfg.urls)
-    clients = [engine_client(u, kind=cfg.kind, initial_version=version) for u in urls]
-    return ReplicaRouter(clients, restart=local.restart if local is not None else None,
-                         max_restarts=cfg.replica_max_restarts,
-                         health_interval_s=cfg.replica_health_interval_s,
-                         health_failures=cfg.replica_health_failures, initial_version=version)
+def _start_one(job: JobConfig, model_dir: Path, version: int, run_dir: Path):
+    """The one engine process of a default job (blocking: from the main thread)."""
+    from orchestrator.engines.launch import EngineProcess, VllmProcess
+
+    if job.engine.kind == "vllm":
+        return VllmProcess.start(model_dir, port=job.engine.port, initial_version=version,
+                                 extra_args=tuple(job.engine.extra_args),
+                                 log_path=run_dir / "engine.log",
+                                 startup_timeout=job.engine.startup_timeout_s)
+    return EngineProcess.start(model_dir, job.engine.server_fields(),
+                               config_path=run_dir / "engine.json", port=job.engine.port,
+                               initial_version=version, seed=job.run.seed,
+                               log_path=run_dir / "engine.log",
+                               startup_timeout=job.engine.startup_timeout_s)
+
+
+class EngineFleet:
+    """The job's engines (see module docstring)."""
+
+    def __init__(self, cfg: EngineConfig, *, version: int, single=None,
+                 replicas: "LocalReplicas | RayEngines | None" = None) -> None:
+        self.cfg, self.version = cfg, version
+        self.single = single          # the one engine process started here
+        self.replicas = replicas      # replicas started here or on Ray (each restartable)
+
+    @classmethod
+    def start(cls, job: JobConfig, *, model_dir: Path, version: int, run_dir: Path,
+              run_id: str) -> "EngineFleet":
+        """Start the engines the topology needs, serving `model_dir` as `version` (blocking,
+        from the main thread, so every process started here dies with the job)."""
+        cfg = job.engine
+        if cfg.url is not None or cfg.urls:
+            return cls(cfg, version=version)
+        if job.cluster.backend == "ray":
+            from orchestrator.cluster.roles import RayEngines
+
+            engines = RayEngines.place(job, model_dir, version, run_dir, run_id)
+            log.info("engine replicas placed", urls=engines.urls)
+            return cls(cfg, version=version, replicas=engines)
+        if cfg.replicas == 1:
+            return cls(cfg, version=version, single=_start_one(job, model_dir, version, run_dir))
+        return cls(cfg, version=version, replicas=LocalReplicas(
+            cfg, model_dir=model_dir, version=version, seed=job.run.seed,
+            run_dir=run_dir).start())
+
+    def client(self) -> EngineClient:
+        """The pipeline's one engine: the engine's own client, or a router over the replicas
+        (which restarts one that dies, when the fleet started them)."""
+        urls = ([self.single.url] if self.single is not None else
+                self.replicas.urls if self.replicas is not None else
+                [self.cfg.url] if self.cfg.url is not None else list(self.cfg.urls))
+        if self.cfg.replica_count == 1:  # one engine: its own client, no router
+            return engine_client(urls[0], kind=self.cfg.kind, initial_version=self.version)
+        return ReplicaRouter(
+            [engine_client(u, kind=self.cfg.kind, initial_version=self.version) for u in urls],
+            restart=self.replicas.restart if self.replicas is not None else None,
+            max_restarts=self.cfg.replica_max_restarts,
+            health_interval_s=self.cfg.replica_health_interval_s,
+            health_failures=self.cfg.replica_health_failures, initial_version=self.version)
+
+    async def supervise(self, client: EngineClient, *,
+                        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The fleet's watch, for the job's task group: the router's probes, failovers and
+        restarts; or `ChildDied` as soon as the one engine the fleet started (here, or one
+        Ray replica that used up its restarts on its node) exits."""
+        from orchestrator.processes import watch
+
+        if isinstance(client, ReplicaRouter):
+            await client.run(task_status=task_status)
+            return
+        task_status.started()
+        started = self.single or self.replicas
+        if started is not None:
+            await watch("engine", started.poll, started.log_tail)
+
+    def stop(self) -> None:
+        for started in (self.single, self.replicas):
+            if started is not None:
+                started.stop()

@@ -12,7 +12,7 @@ import pytest
 
 from config.job import parse_config
 from core.engine_api import GenerateRequest, SamplingParams
-from orchestrator.engines.fleet import LocalReplicas, job_engine_client
+from orchestrator.engines.fleet import EngineFleet, LocalReplicas
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -45,7 +45,7 @@ async def test_a_killed_local_replica_is_restarted_and_serves_again(model_dir, t
     first_pids = [p.pid for p in local.processes]
     params = SamplingParams(max_tokens=4, seed=1)
     try:
-        async with job_engine_client(cfg, single_url=None, local=local, version=0) as router:
+        async with EngineFleet(cfg, version=0, replicas=local).client() as router:
             async with anyio.create_task_group() as tg:
                 await tg.start(router.run)
                 before = await router.generate(GenerateRequest([1, 2, 3], params, "a/0"))

@@ -349,7 +349,7 @@ def invariants(job: Job, steps: int) -> list[Check]:
     from sqlalchemy import func, select
 
     from core.store import schema as s
-    from orchestrator.report import UNFINISHED
+    from core.store.rollouts import UNFINISHED
 
     store = open_store(job.db_url)
     checks: list[Check] = []

@@ -142,11 +142,6 @@ def trajectory_log_weights(batch: SampledBatch, trainer_logits_P_S_V: torch.Tens
     return ((trainer_lp_N_T - batch.sampler_logprobs_N_T) * batch.mask_N_T).sum(1)
 
 
-def gather_logits(logits_P_S_V: torch.Tensor, batch: SampledBatch) -> torch.Tensor:
-    """The trainer's logits at every position, shape (N, T, V) (differentiable)."""
-    return logits_P_S_V[batch.prompt_ids_N.unsqueeze(1), batch.states_N_T]
-
-
 def token_logprobs(logits_P_S_V: torch.Tensor, batch: SampledBatch) -> torch.Tensor:
     """log pi(y_t | state) of each sampled token under `logits_P_S_V`, shape (N, T)."""
     logprobs_P_S_V = torch.log_softmax(logits_P_S_V, dim=-1)

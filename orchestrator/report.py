@@ -7,10 +7,10 @@ oldest version in the KV cache it attended to, and a trajectory's lag the larges
 so a KV cache recomputed at every update shows lag 0 however many versions the trajectory
 spans), how many ran out of time and what admission did with them.
 `held_out_gain` turns before/after success counts into Wilson and Newcombe 95% intervals
-(`core.stats`). `build_ledger_from_store` reads every finished training trajectory of a run with its final
-admission decision, computes the ledger (`orchestrator.ledger`) and stores its rows; the
-summary (a JSON-ready dict) goes into `runs.summary`, `report.json` and a Markdown
-`report.md` in the run directory.
+(`core.stats`). `store_ledger` reads every finished training trajectory of a run with its
+final admission decision (`core.store.rollouts`), computes the ledger (`orchestrator.ledger`)
+and stores its rows; the summary (a JSON-ready dict) goes into `runs.summary`, `report.json`
+and a Markdown `report.md` in the run directory.
 """
 
 from __future__ import annotations
@@ -23,34 +23,18 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from sqlalchemy import func, insert, select
-
-from core.records import INT32, unpack
 from core.stats import newcombe_difference, wilson
-from core.store import schema as s
+from core.store.rollouts import finished_spans, finished_work, insert_ledger, kv_lag_by_trajectory
 from core.store.store import Store
 from orchestrator.ledger import Generated, LedgerRow, Skew, build_ledger
 
-UNFINISHED = ("queued", "running", "aborted")  # trajectory statuses the summary leaves out
-
 
 def generated_work(store: Store, run_id: str) -> list[Generated]:
-    t, d, ti = s.Trajectory.__table__, s.AdmissionDecision.__table__, s.TaskInstance.__table__
-    last = (select(d.c.trajectory_id, func.max(d.c.id).label("id"))
-            .where(d.c.run_id == run_id).group_by(d.c.trajectory_id).subquery())
-    query = (select(ti.c.family, ti.c.difficulty, t.c.started_at, t.c.finished_at, t.c.reward,
-                    t.c.num_sampled_tokens, d.c.decision, d.c.reason)
-             .select_from(t.join(ti, ti.c.id == t.c.task_instance_id)
-                          .outerjoin(last, last.c.trajectory_id == t.c.id)
-                          .outerjoin(d, d.c.id == last.c.id))
-             .where(t.c.run_id == run_id, t.c.purpose == "train",
-                    t.c.status.notin_(UNFINISHED)))
-    with store.engine.connect() as c:
-        return [Generated(family=r.family, difficulty=r.difficulty or "all",
-                          duration_s=(r.finished_at or 0.0) - (r.started_at or 0.0),
-                          reward=r.reward, sampled_tokens=r.num_sampled_tokens,
-                          admitted=r.decision == "admit", reason=r.reason or "undecided")
-                for r in c.execute(query)]
+    return [Generated(family=r.family, difficulty=r.difficulty or "all",
+                      duration_s=(r.finished_at or 0.0) - (r.started_at or 0.0),
+                      reward=r.reward, sampled_tokens=r.num_sampled_tokens,
+                      admitted=r.decision == "admit", reason=r.reason or "undecided")
+            for r in finished_work(store, run_id)]
 
 
 TIMEOUT_STOPS = ("wall_time", "working_time")
@@ -58,16 +42,7 @@ TIMEOUT_STOPS = ("wall_time", "working_time")
 
 def rollout_dynamics(store: Store, run_id: str) -> dict[str, Any]:
     """Version spans, KV lag, timeouts and their admission, over finished train trajectories."""
-    t, d = s.Trajectory.__table__, s.AdmissionDecision.__table__
-    last = (select(d.c.trajectory_id, func.max(d.c.id).label("id"))
-            .where(d.c.run_id == run_id).group_by(d.c.trajectory_id).subquery())
-    query = (select(t.c.min_version, t.c.max_version, t.c.stop_reason, d.c.reason)
-             .select_from(t.outerjoin(last, last.c.trajectory_id == t.c.id)
-                          .outerjoin(d, d.c.id == last.c.id))
-             .where(t.c.run_id == run_id, t.c.purpose == "train",
-                    t.c.status.notin_(UNFINISHED)))
-    with store.engine.connect() as c:
-        rows = list(c.execute(query))
+    rows = finished_spans(store, run_id)
     sampled = [r for r in rows if r.min_version is not None and r.max_version is not None]
     spans = [r.max_version - r.min_version for r in sampled]
     kv_lags = list(kv_lag_by_trajectory(store, run_id).values())
@@ -87,22 +62,6 @@ def rollout_dynamics(store: Store, run_id: str) -> dict[str, Any]:
     }
 
 
-def kv_lag_by_trajectory(store: Store, run_id: str) -> dict[int, int]:
-    """For each finished train trajectory with sampled tokens: the largest, over its tokens, of
-    weights version minus the oldest KV version the token attended to."""
-    t, m = s.Trajectory.__table__, s.ModelCall.__table__
-    query = (select(m.c.trajectory_id, m.c.weights_versions, m.c.kv_versions)
-             .select_from(m.join(t, t.c.id == m.c.trajectory_id))
-             .where(t.c.run_id == run_id, t.c.purpose == "train", m.c.num_tokens > 0,
-                    t.c.status.notin_(UNFINISHED)))
-    lags: dict[int, int] = {}
-    with store.engine.connect() as c:
-        for r in c.execute(query):
-            lag = int((unpack(r.weights_versions, INT32) - unpack(r.kv_versions, INT32)).max())
-            lags[r.trajectory_id] = max(lag, lags.get(r.trajectory_id, lag))
-    return lags
-
-
 def held_out_gain(before: tuple[int, int], after: tuple[int, int]) -> dict[str, Any]:
     """95% intervals of held-out success before and after RL and of the gain, from
     (successes, instances) pairs."""
@@ -114,11 +73,7 @@ def held_out_gain(before: tuple[int, int], after: tuple[int, int]) -> dict[str, 
 
 def store_ledger(store: Store, run_id: str) -> tuple[list[LedgerRow], Skew]:
     rows, skew = build_ledger(generated_work(store, run_id))
-    stamp = time.time()
-    if rows:
-        with store.engine.begin() as c:
-            c.execute(insert(s.BiasLedgerRow.__table__),
-                      [dict(run_id=run_id, computed_at=stamp, **asdict(r)) for r in rows])
+    insert_ledger(store, run_id, [asdict(r) for r in rows], computed_at=time.time())
     return rows, skew
 
 

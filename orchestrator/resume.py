@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 
-from sqlalchemy import update
-
-from core.store import schema as s
 from core.store.store import Store
 
 REASON = "aborted: the orchestrator stopped before this finished (resumed run)"
@@ -57,15 +53,6 @@ def check_resumable(store: Store, run_id: str) -> None:
 
 def recover_run(store: Store, run_id: str) -> dict[str, int]:
     check_resumable(store, run_id)
-    stamp = time.time()
-    t, g, sb = s.Trajectory.__table__, s.Group.__table__, s.SandboxRow.__table__
-    with store.engine.begin() as c:
-        aborted = c.execute(update(t).where(t.c.run_id == run_id,
-                                            t.c.status.in_(("queued", "running")))
-                            .values(status="aborted", error=REASON, finished_at=stamp)).rowcount
-        groups = c.execute(update(g).where(g.c.run_id == run_id, g.c.status == "open")
-                           .values(status="aborted", completed_at=stamp)).rowcount
-        c.execute(update(sb).where(sb.c.run_id == run_id, sb.c.status == "live")
-                  .values(status="orphaned", released_at=stamp))
+    closed = store.close_in_flight(run_id, reason=REASON)
     store.set_run_status(run_id, "running", pid=os.getpid(), host=socket.gethostname())
-    return {"aborted_trajectories": aborted, "aborted_groups": groups}
+    return closed

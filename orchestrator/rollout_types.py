@@ -236,8 +236,3 @@ class MemoryRecorder:
 
     async def tool_call(self, record: ToolCallRecord) -> None:
         self.tool_calls.append(record)
-
-    def for_trajectory(self, trajectory_id: str) -> tuple[list[ModelCallRecord],
-                                                          list[ToolCallRecord]]:
-        return ([r for r in self.model_calls if r.trajectory_id == trajectory_id],
-                [r for r in self.tool_calls if r.trajectory_id == trajectory_id])

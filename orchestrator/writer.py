@@ -29,11 +29,10 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
-from sqlalchemy import Connection
 
 from core.log import get_logger
 from core.store.outage import Outage, StoreUnavailable
-from core.store.store import Store
+from core.store.store import Connection, Store
 
 T = TypeVar("T")
 log = get_logger("stalewise.writer")

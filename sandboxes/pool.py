@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
 import anyio.abc
@@ -39,10 +39,6 @@ import anyio.abc
 from core.sandbox import Sandbox, SandboxError
 
 log = logging.getLogger("stalewise.sandboxes")
-
-
-class ResettableSandbox(Sandbox, Protocol):
-    async def reset(self) -> None: ...
 
 
 SandboxFactory = Callable[[], Sandbox]

@@ -16,10 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from sqlalchemy import select
-
 from core.store import audit
-from core.store import schema as s
+from core.store.reads import task_instances, trajectory_ids
 from core.store.store import Store
 
 TOKEN_COLUMNS = ("run_id", "trajectory_id", "turn", "segment", "position", "token_id", "text",
@@ -29,18 +27,11 @@ MISSING_EXTRA = ("{what} needs the `{package}` package; install it with: "
                  "pip install 'stalewise[export]'")
 
 
-def _trajectory_ids(store: Store, run_id: str) -> list[int]:
-    t = s.Trajectory.__table__
-    with store.engine.connect() as c:
-        return list(c.execute(select(t.c.id).where(t.c.run_id == run_id)
-                              .order_by(t.c.id)).scalars())
-
-
 def token_rows(store: Store, run_id: str, *, tokenizer_dir: str | None = None,
                batch: int = 64) -> Iterator[dict[str, Any]]:
     """Every sampled token of the run, trajectory by trajectory, in (segment, turn) order."""
     decode = audit.token_decoder(store, run_id, tokenizer_dir)
-    ids = _trajectory_ids(store, run_id)
+    ids = trajectory_ids(store, run_id)
     for first in range(0, len(ids), batch):
         calls_by_trajectory = store.model_calls_for(ids[first:first + batch])
         calls = [c for tid in ids[first:first + batch] for c in calls_by_trajectory[tid]]
@@ -171,11 +162,9 @@ def write_inspect(store: Store, run_id: str, out_dir: Path,
     run = store.run(run_id)
     if run is None:
         raise LookupError(f"no run {run_id} in {store.url}; list runs with: stalewise audit runs")
-    ti = s.TaskInstance.__table__
-    with store.engine.connect() as c:
-        prompts = {r.id: r for r in c.execute(select(ti).where(ti.c.run_id == run_id))}
+    prompts = task_instances(store, run_id)
     decode_text = audit.text_decoder(store, run_id, tokenizer_dir)
-    samples = [_sample(store, tid, decode_text, prompts) for tid in _trajectory_ids(store, run_id)]
+    samples = [_sample(store, tid, decode_text, prompts) for tid in trajectory_ids(store, run_id)]
     families = sorted({p.family for p in prompts.values()}) or ["unknown"]
     model = ((run.config or {}).get("model") or {}).get("path") or "unknown"
     spec = EvalSpec(created=_iso(run.created_at), task=f"stalewise/{'+'.join(families)}",

@@ -62,7 +62,3 @@ def user(content: str) -> ChatMessage:
 
 def assistant(content: str) -> ChatMessage:
     return ChatMessage("assistant", content)
-
-
-def tool_message(name: str, observation: str) -> ChatMessage:
-    return ChatMessage("tool", observation, name=name)

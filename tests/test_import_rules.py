@@ -3,7 +3,7 @@
 Three layers and the areas between them: `core` (the ground) imports nothing of ours;
 `config` (the config tree) imports only `core`; the areas import `core` and `config` and, as
 the rules below say, each other; nothing imports `stalewise` (the roof: the CLI, its commands,
-exports). A rule names where it applies and what may not be imported there; there are no
+exports); only the store (`core/store/`) writes SQL. A rule names where it applies and what may not be imported there; there are no
 exceptions. A violation names the file, the line and the rule it breaks.
 """
 
@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 AREAS = ("orchestrator", "sandboxes", "tasks", "engine", "learner", "lab", "viewer")
 OURS = ("core", "config", *AREAS, "stalewise")
 HEAVY = ("torch", "transformers", "safetensors")
+SQL = ("sqlalchemy", "alembic")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,9 @@ RULES = (
     Rule("core", but("core") + ("torch", "safetensors")),  # tokenizers: transformers, no torch
     Rule("config", but("core", "config") + HEAVY),
     *(Rule(area, ("stalewise",)) for area in AREAS),
+    # SQL lives in the store: nobody else imports SQLAlchemy or Alembic
+    *(Rule(where, SQL) for where in (*AREAS, "config", "stalewise",
+                                     *(f"core/{p.name}" for p in (ROOT / "core").glob("*.py")))),
     # inside the ground: the records stand alone, the engine protocol on them only
     Rule("core/records.py", OURS + HEAVY),
     Rule("core/engine_api.py", but("core") + HEAVY

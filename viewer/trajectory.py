@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from core.store import audit
-from core.store import schema as s
+from core.store.reads import decisions_of, task_instance
 from core.store.store import Store, StoredModelCall
 from viewer.html import esc, fmt, href, json_for_script, link, page, table
 
@@ -143,18 +143,11 @@ def _turn(call: StoredModelCall, tools: list[Any], window: tuple[int, int], star
 
 
 def _task(store: Store, task_instance_id: int | None) -> Any:
-    if task_instance_id is None:
-        return None
-    with store.engine.connect() as c:
-        t = s.TaskInstance.__table__
-        return c.execute(t.select().where(t.c.id == task_instance_id)).first()
+    return None if task_instance_id is None else task_instance(store, task_instance_id)
 
 
 def _admission(store: Store, trajectory_id: int) -> list[Any]:
-    d = s.AdmissionDecision.__table__
-    with store.engine.connect() as c:
-        return list(c.execute(d.select().where(d.c.trajectory_id == trajectory_id)
-                              .order_by(d.c.id)))
+    return decisions_of(store, trajectory_id)
 
 
 def _controls(has_trainer: bool, has_topk: bool) -> str:

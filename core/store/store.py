@@ -165,6 +165,23 @@ class Store:
                 config=config, config_hash=config_hash(config), created_at=now(),
                 host=socket.gethostname(), pid=os.getpid(), stream_head=0))
 
+    def close_in_flight(self, run_id: str, *, reason: str) -> dict[str, int]:
+        """After its orchestrator died, in one transaction: the run's trajectories still queued
+        or running become `aborted` with `reason`, its open groups `aborted` (members already
+        admitted stay in the append-only learner stream), its live sandbox rows `orphaned`."""
+        stamp = now()
+        t, g, sb = s.Trajectory.__table__, s.Group.__table__, s.SandboxRow.__table__
+        with self.engine.begin() as c:
+            aborted = c.execute(update(t).where(t.c.run_id == run_id,
+                                                t.c.status.in_(("queued", "running")))
+                                .values(status="aborted", error=reason,
+                                        finished_at=stamp)).rowcount
+            groups = c.execute(update(g).where(g.c.run_id == run_id, g.c.status == "open")
+                               .values(status="aborted", completed_at=stamp)).rowcount
+            c.execute(update(sb).where(sb.c.run_id == run_id, sb.c.status == "live")
+                      .values(status="orphaned", released_at=stamp))
+        return {"aborted_trajectories": aborted, "aborted_groups": groups}
+
     def set_run_status(self, run_id: str, status: str, *, error: str | None = None,
                        summary: dict[str, Any] | None = None, pid: int | None = None,
                        host: str | None = None) -> None:
@@ -219,12 +236,6 @@ class Store:
                 run_id=run_id, task_instance_id=task_instance_id, size=size, status="open",
                 dispatch_version=dispatch_version, created_at=now())).inserted_primary_key[0]
 
-    def create_group_with_trajectories(self, run_id: str, **kw: Any) -> tuple[int, int, list[int]]:
-        """Task instance (get or create), a group and its `size` queued trajectories, in one
-        transaction; returns (task instance id, group id, trajectory ids by sample index)."""
-        with self.engine.begin() as c:
-            return self.create_group_in(c, run_id, **kw)
-
     @staticmethod
     def create_group_in(c: Connection, run_id: str, *, family: str, key: str, content_hash: str,
                         difficulty: str, prompt: str, size: int,
@@ -252,13 +263,6 @@ class Store:
 
     def count_groups(self, run_id: str) -> int:
         return self.count(s.Group, run_id=run_id)
-
-    def set_group_status(self, group_id: int, status: str) -> None:
-        values: dict[str, Any] = {"status": status}
-        if status != "open":
-            values["completed_at"] = now()
-        with self.engine.begin() as c:
-            c.execute(update(s.Group.__table__).where(s.Group.id == group_id).values(**values))
 
     # ---------------------------------------------------------------- trajectories
     def create_trajectory(self, run_id: str, **kw: Any) -> int:

@@ -179,14 +179,9 @@ def run_one(job, label: str, config: Path, out: Path,
 
 
 def latest_run(store, name: str) -> str | None:
-    from sqlalchemy import select
+    from core.store.reads import latest_run_named
 
-    from core.store import schema as s
-
-    runs = s.Run.__table__
-    with store.engine.connect() as c:
-        return c.execute(select(runs.c.id).where(runs.c.name == name)
-                         .order_by(runs.c.created_at.desc()).limit(1)).scalar()
+    return latest_run_named(store, name)
 
 
 def run_figures(store, run_id: str, before: tuple[int, int] | None = None) -> dict[str, Any]:
@@ -222,14 +217,9 @@ def eval_counts(store, run_id: str, has_before: bool = True
     """(successes, instances) of the before and after evaluations: the run's eval trajectories
     in id order, first half before RL (all after RL when the run has no evaluation before);
     infrastructure errors count as failures."""
-    from sqlalchemy import select
+    from core.store.reads import eval_rewards
 
-    from core.store import schema as s
-
-    t = s.Trajectory.__table__
-    with store.engine.connect() as c:
-        rewards = [r for (r,) in c.execute(select(t.c.reward).where(
-            t.c.run_id == run_id, t.c.purpose == "eval").order_by(t.c.id))]
+    rewards = eval_rewards(store, run_id)
     half = len(rewards) // 2 if has_before else 0
     solved = [r is not None and r >= SUCCESS for r in rewards]
     return (sum(solved[:half]), half), (sum(solved[half:]), len(rewards) - half)
@@ -238,21 +228,12 @@ def eval_counts(store, run_id: str, has_before: bool = True
 def rl_extent(store, run_id: str) -> tuple[float, int]:
     """Seconds from the first train trajectory's start to the end of the RL phase (the last
     learner step or train trajectory to finish), and the tokens sampled by train trajectories."""
-    from sqlalchemy import func, select
+    from core.store.reads import rl_phase
 
-    from core.store import schema as s
-
-    t, steps = s.Trajectory.__table__, s.LearnerStep.__table__
-    with store.engine.connect() as c:
-        first, last_trajectory, tokens = c.execute(select(
-            func.min(t.c.started_at), func.max(t.c.finished_at),
-            func.sum(t.c.num_sampled_tokens)).where(
-            t.c.run_id == run_id, t.c.purpose == "train")).one()
-        last_step = c.execute(select(func.max(steps.c.finished_at))
-                              .where(steps.c.run_id == run_id)).scalar()
+    first, last_trajectory, tokens, last_step = rl_phase(store, run_id)
     ends = [e for e in (last_trajectory, last_step) if e is not None]
     seconds = (max(ends) - first) if first is not None and ends else 0.0
-    return round(seconds, 1), int(tokens or 0)
+    return round(seconds, 1), tokens
 
 
 def mean_of(curve: list[dict], key: str) -> float | None:

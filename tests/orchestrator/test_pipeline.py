@@ -306,8 +306,9 @@ def test_kv_lag_is_per_token_so_a_recomputed_cache_has_none(sqlite_url):
     import time
 
     from core.records import SampledTokens
+    from core.store.rollouts import kv_lag_by_trajectory
     from core.store.store import model_call_row
-    from orchestrator.report import kv_lag_by_trajectory, rollout_dynamics
+    from orchestrator.report import rollout_dynamics
 
     store = Store.open(sqlite_url, create=True)
     store.create_run("r", name="r", config={}, pipeline_mode="inflight")

@@ -1,0 +1,80 @@
+"""What a run's finished training trajectories were, read for its summary and bias ledger.
+
+Every reader (the run summary and report, `stalewise compare`, the soak) takes these numbers
+from here, over the same trajectories: the run's training trajectories that ended, that is
+neither still queued or running nor aborted (`UNFINISHED`). Each row carries its final admission
+decision (the last one stored for it), or None while undecided.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from sqlalchemy import func, insert, select
+
+from core.records import INT32, unpack
+from core.store import schema as s
+from core.store.store import Store
+
+UNFINISHED = ("queued", "running", "aborted")  # trajectory statuses the summary leaves out
+
+
+def _final_decisions(run_id: str):
+    d = s.AdmissionDecision.__table__
+    return (select(d.c.trajectory_id, func.max(d.c.id).label("id"))
+            .where(d.c.run_id == run_id).group_by(d.c.trajectory_id).subquery())
+
+
+def finished_work(store: Store, run_id: str) -> list[Any]:
+    """Rows of (family, difficulty, started_at, finished_at, reward, num_sampled_tokens,
+    decision, reason) for every finished training trajectory of the run."""
+    t, d, ti = s.Trajectory.__table__, s.AdmissionDecision.__table__, s.TaskInstance.__table__
+    last = _final_decisions(run_id)
+    query = (select(ti.c.family, ti.c.difficulty, t.c.started_at, t.c.finished_at, t.c.reward,
+                    t.c.num_sampled_tokens, d.c.decision, d.c.reason)
+             .select_from(t.join(ti, ti.c.id == t.c.task_instance_id)
+                          .outerjoin(last, last.c.trajectory_id == t.c.id)
+                          .outerjoin(d, d.c.id == last.c.id))
+             .where(t.c.run_id == run_id, t.c.purpose == "train",
+                    t.c.status.notin_(UNFINISHED)))
+    with store.engine.connect() as c:
+        return list(c.execute(query))
+
+
+def finished_spans(store: Store, run_id: str) -> list[Any]:
+    """Rows of (min_version, max_version, stop_reason, reason of the final decision) for every
+    finished training trajectory of the run."""
+    t, d = s.Trajectory.__table__, s.AdmissionDecision.__table__
+    last = _final_decisions(run_id)
+    query = (select(t.c.min_version, t.c.max_version, t.c.stop_reason, d.c.reason)
+             .select_from(t.outerjoin(last, last.c.trajectory_id == t.c.id)
+                          .outerjoin(d, d.c.id == last.c.id))
+             .where(t.c.run_id == run_id, t.c.purpose == "train",
+                    t.c.status.notin_(UNFINISHED)))
+    with store.engine.connect() as c:
+        return list(c.execute(query))
+
+
+def kv_lag_by_trajectory(store: Store, run_id: str) -> dict[int, int]:
+    """For each finished train trajectory with sampled tokens: the largest, over its tokens, of
+    weights version minus the oldest KV version the token attended to."""
+    t, m = s.Trajectory.__table__, s.ModelCall.__table__
+    query = (select(m.c.trajectory_id, m.c.weights_versions, m.c.kv_versions)
+             .select_from(m.join(t, t.c.id == m.c.trajectory_id))
+             .where(t.c.run_id == run_id, t.c.purpose == "train", m.c.num_tokens > 0,
+                    t.c.status.notin_(UNFINISHED)))
+    lags: dict[int, int] = {}
+    with store.engine.connect() as c:
+        for r in c.execute(query):
+            lag = int((unpack(r.weights_versions, INT32) - unpack(r.kv_versions, INT32)).max())
+            lags[r.trajectory_id] = max(lag, lags.get(r.trajectory_id, lag))
+    return lags
+
+
+def insert_ledger(store: Store, run_id: str, rows: Sequence[dict[str, Any]],
+                  computed_at: float) -> None:
+    """One computation of the run's bias ledger (`bias_ledger` rows, one `computed_at`)."""
+    if rows:
+        with store.engine.begin() as c:
+            c.execute(insert(s.BiasLedgerRow.__table__),
+                      [dict(run_id=run_id, computed_at=computed_at, **r) for r in rows])

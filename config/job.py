@@ -171,7 +171,23 @@ def is_postgres_url(url: str) -> bool:
 
 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> JobConfig:
-    return validate(JobConfig, data, source)
+    return with_one_seed(validate(JobConfig, data, source))
+
+
+def with_one_seed(job: JobConfig) -> JobConfig:
+    """`run.seed` seeds every process unless its section sets a seed of its own: the learner
+    (torch), its warm start (`[learner.sft] seed`: the demonstrations and their order; the
+    learner's seed when not set) and the engine (`[engine] seed`: sampling). The resolved seeds
+    are in the config the run stores (`runs.config`) and hands its children."""
+    learner, engine = job.learner, job.engine
+    if "seed" not in learner.model_fields_set:
+        learner = learner.model_copy(update={"seed": job.run.seed})
+    if "seed" not in learner.sft.model_fields_set:
+        learner = learner.model_copy(update={"sft": learner.sft.model_copy(
+            update={"seed": learner.seed})})
+    if "seed" not in engine.model_fields_set:
+        engine = engine.model_copy(update={"seed": job.run.seed})
+    return job.model_copy(update={"learner": learner, "engine": engine})
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> JobConfig:

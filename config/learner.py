@@ -263,7 +263,8 @@ class SftConfig(_Strict):
     retries: list[SftRetry] = Field(
         default_factory=list, description="the settings of each further try `restart_below` "
         "starts, in order (`[[learner.sft.retries]]`)")
-    seed: int = 0
+    seed: int = Field(0, description="the demonstrations' and their order's seed; in a job, "
+                      "the learner's seed unless set here")
     stages: list[SftStage] = Field(
         default_factory=list,
         description="earlier stages on other task families, in order (`[[learner.sft.stages]]`)")
@@ -328,7 +329,8 @@ class LearnerConfig(_Strict):
         "= torch's default, one per core. Where the engine and sandboxes share the cores, 1 "
         "avoids oversubscription (bench/learner_threads.py measures it)")
     dtype: Literal["float32", "bfloat16"] = "float32"
-    seed: int = 0
+    seed: int = Field(0, description="torch's seed in the learner; in a job, run.seed unless "
+                      "set here")
     record_trainer_logprobs: bool = Field(
         True, description="store the learner's log-prob of every trained token (per model "
         "call) for the viewer and `audit show`")
@@ -358,3 +360,15 @@ class LearnerConfig(_Strict):
                 f"loss.norm_constant ({self.loss.norm_constant}); set them equal"
             )
         return self
+
+
+class WarmStartJob(_Strict):
+    """What a job's SFT child is given, as its one file (RUN/sft.json): the learner section (the
+    `[sft]` table with its resolved seed) and the task family whose demonstrations it trains on,
+    in the job's chat format (`python -m learner sft MODEL --out OUT --job RUN/sft.json`)."""
+
+    learner: LearnerConfig
+    family: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    chat_format: str = "auto"
+    tool_listing: str = "json"

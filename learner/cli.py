@@ -16,9 +16,7 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from config.learner import LearnerConfig, SftConfig
+    from config.learner import LearnerConfig
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -60,108 +58,6 @@ def load_learner_config(path: Path | None, overrides: dict | None = None) -> Lea
     except ValidationError as exc:
         problems = "\n  ".join(problems_of(exc, LearnerConfig))
         raise typer.BadParameter(f"{path or 'learner config'}:\n  {problems}") from None
-
-
-def _read_demonstrations(path: Path) -> list[tuple[list[int], list[int]]]:
-    demos = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        item = json.loads(line)
-        if "token_ids" not in item or "loss_mask" not in item:
-            raise typer.BadParameter(f"{path}:{number}: each line needs token_ids and loss_mask")
-        demos.append((item["token_ids"], item["loss_mask"]))
-    return demos
-
-
-def _suite_demonstrations(
-    suite: str, count: int, tokenizer: object, seed: int, *, options: dict | None = None,
-    wrong_fraction: float = 0.0, chat_format: str = "auto", tool_listing: str = "json",
-) -> list[tuple[list[int], list[int]]]:
-    """(token_ids, loss_mask) of a task family's demonstrations in the checkpoint's chat format
-    (the same format the job's agent loop uses, so SFT teaches exactly what RL samples)."""
-    from tasks import demonstration_samples, load_family
-    from tasks.chat import make_chat_format
-
-    family = load_family(suite, options or {})
-    samples = demonstration_samples(
-        family.demonstrations(count, wrong_fraction=wrong_fraction, seed=seed),
-        make_chat_format(tokenizer, chat_format, tool_listing=tool_listing),
-    )
-    return [(list(s.token_ids), list(s.loss_mask)) for s in samples]
-
-
-def _correct_demo_samples(
-    suite: str, tokenizer: object, options: dict, chat_format: str, tool_listing: str,
-    split: str = "eval", start: int = 0, count: int = 64,
-) -> list | None:
-    """The correct demonstrations of `count` `split` instances from `start`, tokenised in the
-    job's chat format; None for a family without that split or demonstrations."""
-    from tasks import demonstration_samples, load_family
-    from tasks.chat import make_chat_format
-
-    family = load_family(suite, options)
-    if split not in family.splits or not family.has_demonstrations:
-        return None
-    demos = [family.demonstration(task, True)
-             for task in family.instances(split, start, count)]
-    return demonstration_samples(
-        demos, make_chat_format(tokenizer, chat_format, tool_listing=tool_listing))
-
-
-def _demo_probability(learner: object, samples: list) -> tuple[int, float] | None:
-    """(instances, mean probability) that a temperature-1 sample of the checkpoint reproduces
-    each instance's correct demonstration in `samples`, every turn of it. A lower bound on
-    success (other answers may be right too) that needs no sandbox: a warm start near 0 gives
-    RL nothing."""
-    import math
-    from collections import defaultdict
-
-    from learner.sft import loss_token_logprobs
-
-    sums = loss_token_logprobs(learner, [(s.token_ids, s.loss_mask) for s in samples])
-    per_task: dict[str, float] = defaultdict(float)
-    for sample, logprob in zip(samples, sums):
-        per_task[sample.task_key] += logprob  # a demonstration may span several segments
-    if not per_task:
-        return None
-    return len(per_task), sum(math.exp(v) for v in per_task.values()) / len(per_task)
-
-
-def _run_stages(learner: object, cfg: LearnerConfig, chat_format: str,
-                tool_listing: str) -> list[dict]:
-    """The `[[sft.stages]]` curriculum, in order, before the main demonstrations; each stage
-    prints its loss and returns a summary for the checkpoint's stalewise.json."""
-    from learner.sft import run_sft
-
-    done = []
-    for number, stage in enumerate(cfg.sft.stages):
-        stage_cfg = cfg.sft.for_stage(stage)
-        try:
-            demos = _suite_demonstrations(stage.family, stage_cfg.demonstrations,
-                                          learner.tokenizer, cfg.sft.seed,
-                                          options=stage.options,
-                                          wrong_fraction=stage_cfg.wrong_fraction,
-                                          chat_format=chat_format, tool_listing=tool_listing)
-            result = run_sft(learner, demos, stage_cfg)
-        except ValueError as exc:
-            raise ValueError(f"sft.stages[{number}] ({stage.family}): {exc}") from None
-        typer.echo(f"sft stage {number} ({stage.family}) on {len(demos)} demonstrations, "
-                   f"{stage_cfg.steps} steps: loss {result.loss_before:.4f} -> "
-                   f"{result.loss_after:.4f}")
-        done.append({"family": stage.family, "steps": stage_cfg.steps,
-                     "loss_before": result.loss_before, "loss_after": result.loss_after})
-    return done
-
-
-def _try_settings(sft: SftConfig) -> list[dict]:
-    """What each try of `run_sft` may run with: the schedule and order of `sft.tries()`."""
-    return [{"steps": t.steps, "lr": t.lr, "lr_schedule": t.lr_schedule,
-             "warmup_steps": t.warmup_steps, "shuffle_seed": t.seed} for t in sft.tries()]
-
-
-def _describe(settings: dict) -> str:
-    return ", ".join(f"{key} {value}" for key, value in settings.items())
 
 
 @app.command("train")
@@ -216,6 +112,9 @@ def train_command(
 def sft_command(
     model: Path = typer.Argument(..., help="HF checkpoint directory to start from"),
     out: Path = typer.Option(..., help="write the fine-tuned checkpoint to this new directory"),
+    job: Path | None = typer.Option(
+        None, help="a job's warm start as one JSON file (RUN/sft.json: the learner section and "
+                   "the family); no other option then"),
     data: Path | None = typer.Option(None, help="JSON lines with token_ids and loss_mask"),
     synthetic: int = typer.Option(0, help="use N synthetic tool-call demonstrations instead"),
     suite: str | None = typer.Option(
@@ -233,110 +132,63 @@ def sft_command(
     batch_size: int | None = typer.Option(None, help="override sft.batch_size"),
     metrics: str = typer.Option("console", help="comma-separated sinks"),
 ) -> None:
-    """Supervised warm start (cross-entropy on the demonstrations' loss tokens)."""
+    """Supervised warm start (cross-entropy on the demonstrations' loss tokens; learner.warm_start)."""
     _quiet_transformers()
     from learner.metrics import make_sinks
-    from learner.publish import machine_numerics, write_checkpoint
-    from learner.sft import run_sft
     from learner.synthetic import tool_call_demonstrations
-    from learner.trainer import Learner
+    from learner.warm_start import Formatting, Suite, read_demonstrations, warm_start
 
-    if (data is not None) + (synthetic > 0) + (suite is not None) != 1:
-        raise typer.BadParameter("give exactly one of --data FILE, --synthetic N or --suite NAME")
-    cfg = load_learner_config(
-        config, {"sft.steps": steps, "sft.lr": lr, "sft.batch_size": batch_size, "sft.seed": seed,
-                 "sft.demonstrations": count, "sft.wrong_fraction": wrong_fraction}
-    )
+    if job is not None:
+        given = [name for name, value in (("--data", data), ("--suite", suite),
+                                          ("--config", config), ("--seed", seed),
+                                          ("--steps", steps), ("--lr", lr)) if value is not None]
+        if given or synthetic:
+            raise typer.BadParameter(f"--job holds the whole warm start; drop {', '.join(given)}")
+        cfg, the_suite = _warm_start_job(job)
+        formatting = the_suite.formatting
+    else:
+        if (data is not None) + (synthetic > 0) + (suite is not None) != 1:
+            raise typer.BadParameter("give exactly one of --job FILE, --data FILE, "
+                                     "--synthetic N or --suite NAME")
+        cfg = load_learner_config(
+            config, {"sft.steps": steps, "sft.lr": lr, "sft.batch_size": batch_size,
+                     "sft.seed": seed, "sft.demonstrations": count,
+                     "sft.wrong_fraction": wrong_fraction})
+        formatting = Formatting(chat_format, tool_listing)
+        the_suite = Suite(suite, json.loads(options), formatting) if suite is not None else None
     sinks = make_sinks([m for m in metrics.split(",") if m], out.parent / f"{out.name}-logs")
     try:
-        learner = Learner(model, cfg, sinks=sinks)
-        stages = _run_stages(learner, cfg, chat_format, tool_listing)
+        demos = None
         if data is not None:
-            demos = _read_demonstrations(data)
-        elif suite is not None:
-            demos = _suite_demonstrations(suite, cfg.sft.demonstrations, learner.tokenizer,
-                                          cfg.sft.seed, options=json.loads(options),
-                                          wrong_fraction=cfg.sft.wrong_fraction,
-                                          chat_format=chat_format,
-                                          tool_listing=tool_listing)
-        else:
-            demos = tool_call_demonstrations(learner.tokenizer, synthetic, seed=cfg.sft.seed)
-        score: Callable[[], float] | None = None
-        if suite is not None and cfg.sft.select_every > 0:
-            # train instances after the demonstrated ones (demonstrations take train 0..N-1):
-            # never demonstrated, and never eval instances, so the held-out check stays clean;
-            # tokenised once, scored at every selection step
-            unseen = _correct_demo_samples(suite, learner.tokenizer, json.loads(options),
-                                           chat_format, tool_listing, "train",
-                                           cfg.sft.demonstrations, cfg.sft.select_instances)
-            if not unseen:
-                raise ValueError(f"sft.select_every needs a family with demonstrations; "
-                                 f"{suite} has none")
+            demos = read_demonstrations(data)
+        elif synthetic:
+            from core.tokenizer import load_tokenizer
 
-            first = learner.step  # after the stages; select_scores count from here
-
-            def score() -> float:  # printed as it goes: a long SFT shows whether the skill forms
-                value = _demo_probability(learner, unseen)[1]
-                typer.echo(f"step {learner.step} [select] {suite} step {learner.step - first}: "
-                           f"mean probability of the correct demonstration on {len(unseen)} "
-                           f"never-demonstrated train instances: {value:.1%}")
-                return value
-
-        result = run_sft(learner, demos, score=score)
-        tried = _try_settings(cfg.sft)
-        heldout = None
-        if suite is not None:
-            held = _correct_demo_samples(suite, learner.tokenizer, json.loads(options),
-                                         chat_format, tool_listing)
-            heldout = _demo_probability(learner, held) if held else None
+            demos = tool_call_demonstrations(load_tokenizer(model), synthetic, seed=cfg.sft.seed)
+        warm_start(model, out, cfg, suite=the_suite, demonstrations=demos,
+                   formatting=formatting, sinks=sinks, log=typer.echo)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     finally:
         for sink in sinks:
             sink.close()
-    write_checkpoint(
-        learner.policy,
-        model,
-        out,
-        {
-            "sft_steps": tried[result.kept_try or 0]["steps"],
-            "loss_before": result.loss_before,
-            "loss_after": result.loss_after,
-            "stages": stages,
-            "numerics": machine_numerics(),
-            **({"select_scores": result.scores, "kept_step": result.kept_step}
-               if result.kept_step is not None else {}),
-            **({"tries": [{"settings": settings, "scores": scores} for settings, scores in
-                          zip(tried, result.tries)],
-                "kept_try": result.kept_try} if result.tries else {}),
-            **({"heldout_instances": heldout[0], "heldout_demo_probability": heldout[1]}
-               if heldout else {}),
-        },
-    )
-    if result.kept_step is not None:
-        typer.echo(
-            "checkpoint selection on never-demonstrated train instances (step: mean probability "
-            "of the correct demonstration): "
-            + ", ".join(f"{step}: {value:.1%}" for step, value in result.scores.items())
-            + f"; kept step {result.kept_step}")
-    if len(result.tries) > 1:
-        typer.echo(
-            f"sft retries (a try whose best score stays below restart_below = "
-            f"{cfg.sft.restart_below:.0%} starts the next): "
-            + "; ".join(f"try {number} ({_describe(settings)}) best {max(scores.values()):.1%}"
-                        for number, (settings, scores) in
-                        enumerate(zip(tried, result.tries)))
-            + f"; kept try {result.kept_try} (its scores above)")
-    if heldout:
-        typer.echo(
-            f"held-out check: a temperature-1 sample reproduces the correct demonstration of "
-            f"{heldout[0]} eval instances with mean probability {heldout[1]:.1%} (a lower "
-            "bound on success; near 0 means RL will see no reward: train longer or change lr)"
-        )
-    typer.echo(
-        f"sft on {len(demos)} demonstrations: loss {result.loss_before:.4f} -> "
-        f"{result.loss_after:.4f} (nats per loss token); checkpoint in {out}"
-    )
+
+
+def _warm_start_job(path: Path):
+    """The learner config and suite of a job's sft.json; one error line per problem."""
+    from config.errors import ConfigError, read_json, validate
+    from config.learner import WarmStartJob
+    from learner.warm_start import Formatting, Suite
+
+    try:
+        job = validate(WarmStartJob, read_json(path, "a warm start (the job's sft.json)"),
+                       str(path))
+    except ConfigError as exc:
+        for problem in exc.problems:
+            typer.echo(f"error: {exc.source}: {problem}", err=True)
+        raise typer.Exit(2) from None
+    return job.learner, Suite(job.family, job.options,
+                              Formatting(job.chat_format, job.tool_listing))
 
 
 @app.command("synth-data")

@@ -27,6 +27,7 @@ import anyio
 from pydantic import BaseModel
 
 from config.job import JobConfig
+from config.learner import WarmStartJob
 from core.log import bind_run, configure_logging, get_logger
 from core.store import audit
 from core.store.outage import Outage, first_line
@@ -85,11 +86,11 @@ async def warm_start(job: JobConfig, model_dir: Path, run_dir: Path) -> Path:
     out = run_dir / "sft"
     if (out / "config.json").exists():
         return out
+    section = WarmStartJob(learner=job.learner, family=job.tasks.family,
+                           options=job.tasks.options, chat_format=job.model.chat_format,
+                           tool_listing=job.model.tool_listing)
     argv = ["-m", "learner", "sft", str(model_dir), "--out", str(out),
-            "--config", str(write_child_config(run_dir, "learner", job.learner)),
-            "--suite", job.tasks.family, "--options", json.dumps(job.tasks.options),
-            "--chat-format", job.model.chat_format, "--tool-listing", job.model.tool_listing,
-            "--seed", str(job.run.seed)]
+            "--job", str(write_child_config(run_dir, "sft", section))]
     log.info("supervised warm start", demonstrations=sft.demonstrations, steps=sft.steps)
     child = ChildProcess.start("sft", argv, run_dir / "sft.log")
     if await run_to_end(child) != 0 or not (out / "config.json").exists():

@@ -52,7 +52,7 @@ class RayEngines:
         connect(job.cluster)
         launches = [EngineLaunch(
             name=f"engine-{i}", model_dir=str(model_dir.resolve()),
-            server=job.engine.server_fields(), initial_version=version, seed=job.run.seed + i,
+            server=job.engine.server_fields(), initial_version=version, seed=job.engine.seed + i,
             config_path=str((run_dir / f"engine-{i}.json").resolve()),
             log_path=str((run_dir / f"engine-{i}.log").resolve()),
             startup_timeout_s=job.engine.startup_timeout_s, db_url=job.run.db_url,

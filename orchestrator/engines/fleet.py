@@ -116,7 +116,7 @@ def _start_one(job: JobConfig, model_dir: Path, version: int, run_dir: Path):
                                  startup_timeout=job.engine.startup_timeout_s)
     return EngineProcess.start(model_dir, job.engine.server_fields(),
                                config_path=run_dir / "engine.json", port=job.engine.port,
-                               initial_version=version, seed=job.run.seed,
+                               initial_version=version, seed=job.engine.seed,
                                log_path=run_dir / "engine.log",
                                startup_timeout=job.engine.startup_timeout_s)
 
@@ -147,7 +147,7 @@ class EngineFleet:
         if cfg.replicas == 1:
             return cls(cfg, version=version, single=_start_one(job, model_dir, version, run_dir))
         return cls(cfg, version=version, replicas=LocalReplicas(
-            cfg, model_dir=model_dir, version=version, seed=job.run.seed,
+            cfg, model_dir=model_dir, version=version, seed=job.engine.seed,
             run_dir=run_dir).start())
 
     def client(self) -> EngineClient:

@@ -120,3 +120,14 @@ def test_extends_errors_name_the_file_and_the_fix(tmp_path):
     wrong.write_text("extends = 3\n")
     with pytest.raises(ConfigError, match="as a string"):
         load_config(wrong)
+
+
+def test_run_seed_seeds_every_process_unless_a_section_sets_its_own():
+    job = parse_config({"run": {"seed": 3}})
+    assert (job.learner.seed, job.learner.sft.seed, job.engine.seed) == (3, 3, 3)
+    own = parse_config({"run": {"seed": 3}, "learner": {"sft": {"seed": 7}},
+                        "engine": {"seed": 5}})
+    assert (own.learner.seed, own.learner.sft.seed, own.engine.seed) == (3, 7, 5)
+    learner_only = parse_config({"run": {"seed": 3}, "learner": {"seed": 4}})
+    assert (learner_only.learner.seed, learner_only.learner.sft.seed) == (4, 4)
+    assert parse_config({}).learner.seed == 0

@@ -214,3 +214,26 @@ def test_sft_retries_are_printed_and_recorded_with_their_settings(workdir):
     line = next(line for line in out.splitlines() if line.startswith("sft retries"))
     assert "try 1 (steps 3," in line and line.endswith(f"kept try {done['kept_try']} (its "
                                                        "scores above)")
+
+
+def test_a_jobs_warm_start_is_one_file_whose_seed_is_recorded(workdir):
+    """The job's SFT child gets one file (RUN/sft.json, `config.learner.WarmStartJob`): the
+    same SFT as the flags would run, the resolved seed in the checkpoint's stalewise.json, and
+    no second way to set a setting beside it."""
+    from config.job import parse_config
+    from config.learner import WarmStartJob
+
+    job = parse_config({"run": {"seed": 5}, "learner": {"sft": {"steps": 2, "batch_size": 2,
+                                                                 "demonstrations": 4}},
+                        "tasks": {"family": "arith"}, "model": {"chat_format": "hermes"}})
+    section = WarmStartJob(learner=job.learner, family="arith", options={},
+                           chat_format="hermes", tool_listing="json")
+    path = workdir / "sft.json"
+    path.write_text(section.model_dump_json())
+    out = _run("sft", str(workdir / "tiny"), "--out", str(workdir / "sft-job"), "--job", str(path))
+    assert "sft on 4 demonstrations" in out
+    done = json.loads((workdir / "sft-job" / "stalewise.json").read_text())
+    assert done["seed"] == 5 and done["sft_steps"] == 2
+    twice = CliRunner().invoke(app, ["learner", "sft", str(workdir / "tiny"), "--out",
+                                     str(workdir / "never"), "--job", str(path), "--seed", "1"])
+    assert twice.exit_code != 0 and "--job holds the whole warm start; drop --seed" in twice.output

@@ -19,7 +19,6 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse
-import socket
 import statistics
 import subprocess
 import tempfile
@@ -28,6 +27,7 @@ import time
 import httpx
 import numpy as np
 
+from core.children import free_port
 from core.records import SampledTokens
 from core.store.store import Store, model_call_row
 from core.tiny_tokenizer import save_tiny_tokenizer
@@ -73,12 +73,6 @@ def build(directory: Path, tokens: int, turns: int, topk: int) -> tuple[str, int
                             finished_at=now + 60, min_version=0, max_version=turns // 2)
     store.close()
     return url, trajectory
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def timed_get(client: httpx.Client, url: str) -> tuple[float, int]:

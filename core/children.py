@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Mapping
@@ -61,3 +62,11 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {**os.environ, **(extra or {})}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH", "")) if p)
     return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS reports free on `host` now, for a child that must be told its port (vLLM,
+    a data-parallel rank 0, the viewer); there is a small window before the child binds it."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])

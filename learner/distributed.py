@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -40,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from core.children import child_env, death_signal_hook
+from core.children import child_env, death_signal_hook, free_port
 from learner.batch import TrainingSample
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
@@ -112,12 +111,6 @@ def workers_from_env(configured: int) -> Workers | None:
             raise ValueError(f"learner workers: {key} is not set; every rank needs rank 0's "
                              "address (MASTER_ADDR) and a free port on it (MASTER_PORT)")
     return Workers(rank=rank, world_size=world, local_rank=local)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def launch_peers(argv: Sequence[str], world_size: int) -> tuple[Workers, list[subprocess.Popen]]:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -39,7 +38,7 @@ from pathlib import Path
 import httpx
 
 from config.engine import EngineServerConfig
-from core.children import PROJECT_ROOT, child_env, death_signal_hook, python_command
+from core.children import PROJECT_ROOT, child_env, death_signal_hook, free_port, python_command
 
 
 class LaunchError(RuntimeError):
@@ -278,13 +277,6 @@ def has_nvidia_gpu() -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0 and b"GPU" in done.stdout
-
-
-def free_port(host: str) -> int:
-    """A port the OS reports free now (vLLM cannot report the port it bound, as ours does)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class VllmProcess(EngineProcess):

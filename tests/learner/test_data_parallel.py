@@ -23,10 +23,10 @@ import pytest
 import torch
 
 from config.learner import Aggregation, LearnerConfig
-from core.children import child_env
+from core.children import child_env, free_port
 from engine.tiny import init_tiny
 from learner.batch import TrainingSample
-from learner.distributed import combine_metrics, free_port, shard_groups, split_rows
+from learner.distributed import combine_metrics, shard_groups, split_rows
 from learner.trainer import Learner
 
 WORKER = Path(__file__).with_name("data_parallel_worker.py")

@@ -3,7 +3,6 @@ screenshots (under var/test-artifacts/, for a person to look at)."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -11,17 +10,13 @@ from pathlib import Path
 
 import httpx
 
+from core.children import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "var" / "test-artifacts"
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--window-size=1400,1000")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Viewer:

@@ -19,6 +19,7 @@ from core.engine_api import EngineClient
 from orchestrator.cluster.launch import CommandLaunch, EngineLaunch
 from orchestrator.cluster.placement import PlacementError, RoleGroup, connect
 from orchestrator.engines.embedded import engine_client
+from orchestrator.engines.launch import hold_checkpoint
 from orchestrator.processes import ChildDied
 
 BROKEN = ("failed", "lost", "stopped")
@@ -37,8 +38,9 @@ def _failure_text(statuses: list[dict]) -> str:
 
 class RayEngines:
     def __init__(self, group: RoleGroup, *, model_dir: Path, version: int,
-                 startup_timeout_s: float) -> None:
+                 startup_timeout_s: float, run_dir: Path | None = None) -> None:
         self.group, self.model_dir, self.version = group, model_dir, version
+        self.run_dir = run_dir
         self.startup_timeout_s = startup_timeout_s
         self.urls: list[str] = [s["url"] for s in group.statuses()]
 
@@ -60,7 +62,7 @@ class RayEngines:
         group = RoleGroup.place("engine", job.cluster.engine, launches,
                                 timeout_s=job.cluster.startup_timeout_s)
         return cls(group, model_dir=model_dir, version=version,
-                   startup_timeout_s=job.engine.startup_timeout_s)
+                   startup_timeout_s=job.engine.startup_timeout_s, run_dir=run_dir)
 
     @property
     def url(self) -> str:
@@ -83,6 +85,9 @@ class RayEngines:
         """Restart replica `index` on its node with the newest weights the caller applied
         (the same shape as the local replicas' restart, for a replica router); a client."""
         model_dir, version = newest if newest else (str(self.model_dir), self.version)
+        if self.run_dir is not None:  # the nodes read the run directory (docs/scale-out.md)
+            model_dir = hold_checkpoint(Path(model_dir),
+                                        self.run_dir / f"engine-{index}-weights").resolve()
         status = await anyio.to_thread.run_sync(lambda: self.group.call(
             index, "replace", str(model_dir), int(version),
             timeout_s=self.startup_timeout_s + 60))

@@ -15,12 +15,16 @@ for several), `supervise` is the task that watches them, and `stop` stops what w
 Guarantees: every replica process is forked from the event loop's (main) thread, so it dies
 with the job; waiting for one to answer happens in a worker thread and never blocks the loop.
 A replica restarted by the router serves the newest weights the router applied (it starts
-from that checkpoint, at that version); the process it replaces is stopped first. `stop`
+from that checkpoint, at that version); the process it replaces is stopped first. The restart
+loads a hold of that checkpoint (its files hard-linked into `RUN/engine-r<i>-weights/` before
+anything else happens), so the learner deleting the version meanwhile (`keep_checkpoints`; a
+restart takes seconds, a step a fraction of one) cannot pull it from under the starting engine. `stop`
 stops every replica the job started, restarted ones included.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +36,7 @@ from config.job import JobConfig
 from core.engine_api import EngineClient
 from core.log import get_logger
 from orchestrator.engines.embedded import engine_client
+from orchestrator.engines.launch import hold_checkpoint
 from orchestrator.engines.replicas import ReplicaRouter
 
 if TYPE_CHECKING:
@@ -80,10 +85,11 @@ class LocalReplicas:
 
     async def restart(self, index: int, newest: tuple[str, int] | None) -> EngineClient:
         """Stop replica `index` and start it again at the newest weights; a ready client."""
-        old = self.processes[index]
-        await anyio.to_thread.run_sync(old.stop, 10.0)
         model_dir, version = (Path(newest[0]), newest[1]) if newest else (self.model_dir,
                                                                           self.version)
+        model_dir = hold_checkpoint(model_dir, self.run_dir / f"engine-r{index}-weights")
+        old = self.processes[index]
+        await anyio.to_thread.run_sync(old.stop, 10.0)
         pending = self._spawn(index, model_dir, version)  # forked on the loop's thread
         self._starting.append(pending)
         try:
@@ -103,6 +109,8 @@ class LocalReplicas:
                 pending.process.wait()
         for process in self.processes:
             process.stop()
+        for hold in self.run_dir.glob("engine-r*-weights"):
+            shutil.rmtree(hold, ignore_errors=True)
 
 
 def _start_one(job: JobConfig, model_dir: Path, version: int, run_dir: Path):

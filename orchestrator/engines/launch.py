@@ -337,3 +337,21 @@ class VllmProcess(EngineProcess):
             child.terminate(10.0)
             raise
         return cls(child)
+
+
+def hold_checkpoint(checkpoint: Path, hold: Path) -> Path:
+    """`hold`, replaced by a copy of the checkpoint directory whose files are hard links (a
+    plain copy across file systems): the files stay readable when the learner deletes the
+    original. Raises `FileNotFoundError` naming the checkpoint when it is already gone."""
+    if not checkpoint.is_dir():
+        raise FileNotFoundError(f"checkpoint {checkpoint} is no longer on disk")
+    shutil.rmtree(hold, ignore_errors=True)
+
+    def link(source: str, target: str) -> None:
+        try:
+            os.link(source, target)
+        except OSError:  # another file system, or links not allowed there
+            shutil.copy2(source, target)
+
+    shutil.copytree(checkpoint, hold, copy_function=link)
+    return hold

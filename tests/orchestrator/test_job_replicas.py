@@ -5,7 +5,7 @@ on the killed replica move to the other one and their next model call is recorde
 `cached_prompt_tokens` 0 and the reason (`sampling.kv_recompute`); nothing is admitted twice and the learner's sequence numbers stay
 contiguous; every sampled token carries the weights version of the replica that produced it;
 the killed replica is restarted (whether it is back before the job ends depends on the machine's
-load; `test_engine_replicas.py` checks that a restarted replica serves).
+load; `engines/test_fleet.py` checks that a restarted replica serves).
 Real processes: two engine servers, the learner, SQLite; sandboxes on the local backend.
 """
 
@@ -41,6 +41,9 @@ def replica_config(tmp_path, model):
     config = write_config(tmp_path, model, steps=STEPS, mode="async")
     text = config.read_text().replace("[sandbox]\n", '[sandbox]\nbackend = "local"\n')
     text = text.replace("max_concurrent = 4", "max_concurrent = 8")
+    # calls of 64 tokens: long enough that a replica seen generating is still generating when
+    # the kill lands on a loaded machine
+    text = text.replace("max_tokens_per_turn = 24", "max_tokens_per_turn = 64")
     config.write_text(text + "\n[engine]\nreplicas = 2\nreplica_health_interval_s = 0.5\n"
                              "replica_health_failures = 2\n")
     return config
@@ -78,12 +81,16 @@ def running_requests(pid: int) -> int:
         return 0
 
 
-def generating(pids: list[int]) -> int | None:
-    """A replica with requests in flight, whose sessions must move when it dies (between two
-    batches of trajectories no replica has any, and a kill there moves nothing)."""
-    busy = {pid: running_requests(pid) for pid in pids}
-    busiest = max(pids, key=busy.__getitem__)
-    return busiest if busy[busiest] > 0 else None
+def kill_while_generating(pids: list[int], deadline: float) -> int:
+    """SIGKILL the first replica seen with requests in flight, whose sessions must then move
+    (between two batches no replica has any, and a kill there moves nothing); the kill follows
+    the reading at once, before another replica is asked, so the requests are still running."""
+    while time.monotonic() < deadline:  # polled without a pause: a batch takes under a second
+        for pid in pids:
+            if running_requests(pid) > 0:
+                os.kill(pid, signal.SIGKILL)
+                return pid
+    raise AssertionError("no replica was ever generating")
 
 
 def test_a_killed_replica_fails_over_and_the_job_finishes(tmp_path, model_dir):  # noqa: F811
@@ -96,19 +103,14 @@ def test_a_killed_replica_fails_over_and_the_job_finishes(tmp_path, model_dir): 
         # both replicas have served (a kill before the victim's first call finishes would leave
         # every stored call on the survivor)
         wait_for(lambda: engines_serving(tmp_path) >= 2, 300, "model calls from both replicas")
-        deadline = time.monotonic() + 300
-        victim = None
-        while victim is None:  # polled without a pause: a batch's calls take a fraction of a s
-            assert time.monotonic() < deadline, "no replica was ever generating"
-            victim = generating(first)
-        os.kill(victim, signal.SIGKILL)
+        kill_while_generating(first, time.monotonic() + 300)
         output, _ = proc.communicate(timeout=600)  # hang guard
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, output
     # the restart itself is timed by the machine's load (tests/orchestrator/
-    # test_engine_replicas.py checks that a restarted replica serves again)
+    # engines/test_fleet.py checks that a restarted replica serves again)
     assert "engine replica down" in output and "restarting engine replica" in output, output
     store = open_store(tmp_path)
     run = store.runs()[0]
@@ -117,7 +119,7 @@ def test_a_killed_replica_fails_over_and_the_job_finishes(tmp_path, model_dir): 
 
     calls = model_calls(store, run.id)
     moved = [c for c in calls if "kv_recompute" in c.sampling]
-    assert moved, "no model call was recorded as recomputed after the failover"
+    assert moved, f"no model call was recorded as recomputed after the failover:\n{output}"
     assert len({c.sampling["kv_recompute"].split(" went down")[0] for c in moved}) == 1
     for call in moved:
         assert call.sampling["kv_recompute"].startswith("replica_failover: replica ")

@@ -29,6 +29,8 @@ from lab.sampler import SampledBatch
 from learner.advantages import outcome_advantages
 from learner.losses import (
     LossOutput,
+    PolicyLossInputs,
+    ScoreCenteringInputs,
     aggregation_denominator,
     behaviour_weights,
     policy_loss,
@@ -136,19 +138,25 @@ def _losses(inputs: _LossInputs, rows: slice, mask_N_T: torch.Tensor,
             advantages_N: torch.Tensor, estimator: EstimatorSpec,
             denominator: float | None) -> tuple[LossOutput, LossOutput | None]:
     """The learner's policy loss (and score-centering term) on `rows` of the inputs."""
-    policy = policy_loss(inputs.trainer_N_T[rows], inputs.proximal_N_T[rows],
-                         inputs.sampler_N_T[rows], advantages_N[rows], mask_N_T[rows],
-                         estimator.loss, denominator=denominator)
+    policy = policy_loss(
+        PolicyLossInputs(trainer_logprobs=inputs.trainer_N_T[rows],
+                         proximal_logprobs=inputs.proximal_N_T[rows],
+                         sampler_logprobs=inputs.sampler_N_T[rows],
+                         advantages=advantages_N[rows], mask=mask_N_T[rows]),
+        estimator.loss, denominator=denominator)
     if estimator.score_centering is None:
         return policy, None
     if inputs.topk_ids_N_T_K.shape[-1] == 0:
         raise ValueError("score centering needs the sampler's top-k: set topk >= 1 "
                          "(topk = vocab_size gives the exact head)")
     centering = score_centering_loss(
-        inputs.logits_N_T_V[rows], inputs.tokens_N_T[rows], inputs.sampler_N_T[rows],
-        inputs.topk_ids_N_T_K[rows], inputs.topk_logprobs_N_T_K[rows], advantages_N[rows],
-        mask_N_T[rows], estimator.score_centering, compute_entropy=False,
-        denominator=denominator)
+        ScoreCenteringInputs(trainer_logits=inputs.logits_N_T_V[rows],
+                             sampled_ids=inputs.tokens_N_T[rows],
+                             sampler_logprobs=inputs.sampler_N_T[rows],
+                             sampler_topk_ids=inputs.topk_ids_N_T_K[rows],
+                             sampler_topk_logprobs=inputs.topk_logprobs_N_T_K[rows],
+                             advantages=advantages_N[rows], mask=mask_N_T[rows]),
+        estimator.score_centering, compute_entropy=False, denominator=denominator)
     return policy, centering
 
 

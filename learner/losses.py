@@ -16,6 +16,12 @@ weight f applied per head token, the expectation over the sampler's recorded top
 tail modelled as the trainer's distribution rescaled to the sampler's tail mass, so only the k
 head tokens are gathered.
 
+Inputs come as one frozen record per loss (`PolicyLossInputs`, `ScoreCenteringInputs`).
+Shapes: B rows; T the scored positions of a row, one per predicted token, so every (B, T)
+tensor here is already shifted by one against the model's input ids (entry t is the token the
+logits at input position t predict; `learner.tensors` shifts once and calls these `_B_Tm1`);
+V the vocabulary; K the sampler's recorded top-k.
+
 Guarantees: masked positions contribute exactly zero value and zero gradient (NaN-safe);
 weights and clip decisions carry no gradient; every function returns `LossOutput` with
 namespaced metrics (`loss/...`, `score_centering/...`). Formulas and the conventions that
@@ -34,7 +40,9 @@ from config.learner import Aggregation, Correction, PolicyLossConfig, ScoreCente
 __all__ = [
     "LossOutput",
     "PolicyLossConfig",
+    "PolicyLossInputs",
     "ScoreCenteringConfig",
+    "ScoreCenteringInputs",
     "aggregate",
     "aggregation_denominator",
     "behaviour_weights",
@@ -56,6 +64,74 @@ class LossOutput:
     loss: torch.Tensor
     per_token: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PolicyLossInputs:
+    """What `policy_loss` reads, every (B, T) tensor on the shifted positions (module docstring).
+
+    trainer_logprobs: log pi of the sampled tokens, the only input with a gradient;
+    proximal_logprobs: log pi_old (the policy at the start of the learner step), detached;
+    sampler_logprobs: log mu, recorded by the engine; detached;
+    advantages: (B,) per sequence or (B, T) per token;
+    mask: the loss mask (off it, the log-probs may hold anything, even -inf or NaN);
+    reference_logprobs: log-probs under the KL reference, needed when `kl_coef` > 0;
+    entropy: the policy's entropy at each position, for the metrics only.
+    Shapes are checked when the record is made."""
+
+    trainer_logprobs: torch.Tensor
+    proximal_logprobs: torch.Tensor
+    sampler_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    reference_logprobs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        shape = _check_shapes(trainer_logprobs=self.trainer_logprobs,
+                              proximal_logprobs=self.proximal_logprobs,
+                              sampler_logprobs=self.sampler_logprobs, mask=self.mask)
+        _advantages_B_T(self.advantages, shape)
+        for name in ("reference_logprobs", "entropy"):
+            value = getattr(self, name)
+            if value is not None and value.shape != shape:
+                raise ValueError(f"PolicyLossInputs: {name} {tuple(value.shape)} is not the "
+                                 f"(B, T) = {tuple(shape)} of trainer_logprobs")
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.mask.shape
+
+
+@dataclass(frozen=True)
+class ScoreCenteringInputs:
+    """What `score_centering_loss` reads, on the shifted positions (module docstring).
+
+    trainer_logits: (B, T, V), the only input with a gradient; sampled_ids: (B, T) the tokens
+    sampled; sampler_logprobs: (B, T) log mu of them; sampler_topk_ids and
+    sampler_topk_logprobs: (B, T, K) the sampler's recorded head (entries with log-prob -inf
+    are padding); advantages: (B,) or (B, T); mask: (B, T); trainer_logsumexp: (B, T), the
+    logits' log-sum-exp when the caller has it already. Shapes are checked when the record is
+    made."""
+
+    trainer_logits: torch.Tensor
+    sampled_ids: torch.Tensor
+    sampler_logprobs: torch.Tensor
+    sampler_topk_ids: torch.Tensor
+    sampler_topk_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    trainer_logsumexp: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        shape = _check_centering_shapes(self.trainer_logits, self.sampled_ids,
+                                        self.sampler_logprobs, self.sampler_topk_ids,
+                                        self.sampler_topk_logprobs, self.mask)
+        _advantages_B_T(self.advantages, shape)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.mask.shape
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -394,50 +470,40 @@ def _gap_metrics(prefix: str, diff: torch.Tensor, mask: torch.Tensor) -> dict[st
 
 
 def policy_loss(
-    trainer_logprobs_B_T: torch.Tensor,
-    proximal_logprobs_B_T: torch.Tensor,
-    sampler_logprobs_B_T: torch.Tensor,
-    advantages: torch.Tensor,
-    mask_B_T: torch.Tensor,
+    inputs: PolicyLossInputs,
     cfg: PolicyLossConfig,
     *,
-    reference_logprobs_B_T: torch.Tensor | None = None,
-    entropy_B_T: torch.Tensor | None = None,
     denominator: torch.Tensor | float | None = None,
     sequence_tokens_B: torch.Tensor | None = None,
 ) -> LossOutput:
-    """The configured policy loss; gradient flows through `trainer_logprobs_B_T` only.
+    """The configured policy loss; gradient flows through `inputs.trainer_logprobs` only.
 
-    advantages: (B,) per sequence or (B, T) per token. `reference_logprobs_B_T` is required
-    when `cfg.kl_coef > 0`; `entropy_B_T` (from the logits) only feeds the metrics.
-    `denominator` overrides the aggregation denominator (see `aggregation_denominator`) and
-    `sequence_tokens_B` the per-sequence token counts (see `sequence_tokens`).
+    `inputs.reference_logprobs` is required when `cfg.kl_coef > 0`. `denominator` overrides
+    the aggregation denominator (see `aggregation_denominator`) and `sequence_tokens_B` the
+    per-sequence token counts (see `sequence_tokens`).
     """
-    shape = _check_shapes(
-        trainer_logprobs=trainer_logprobs_B_T,
-        proximal_logprobs=proximal_logprobs_B_T,
-        sampler_logprobs=sampler_logprobs_B_T,
-        mask=mask_B_T,
-    )
+    shape = inputs.shape
+    trainer_logprobs_B_T, mask_B_T = inputs.trainer_logprobs, inputs.mask
     mask = mask_B_T.to(torch.bool)
     zero = torch.zeros((), dtype=trainer_logprobs_B_T.dtype, device=trainer_logprobs_B_T.device)
     # off-mask entries (prompt, tool output, padding) may hold anything, even -inf or NaN
     trainer = torch.where(mask, trainer_logprobs_B_T, zero)
-    proximal = torch.where(mask, proximal_logprobs_B_T.detach().to(trainer.dtype), zero)
-    sampler = torch.where(mask, sampler_logprobs_B_T.detach().to(trainer.dtype), zero)
-    adv = _advantages_B_T(advantages, shape).to(trainer.dtype)
+    proximal = torch.where(mask, inputs.proximal_logprobs.detach().to(trainer.dtype), zero)
+    sampler = torch.where(mask, inputs.sampler_logprobs.detach().to(trainer.dtype), zero)
+    adv = _advantages_B_T(inputs.advantages, shape).to(trainer.dtype)
 
     surrogate_B_T, ratio, flags = _surrogate(cfg, trainer, proximal, adv, mask)
     weights, keep, floored, capped = behaviour_weights(trainer, proximal, sampler, mask, cfg)
     per_token = surrogate_B_T * weights
     metrics: dict[str, torch.Tensor] = {}
     if cfg.kl_coef > 0:
-        if reference_logprobs_B_T is None:
+        if inputs.reference_logprobs is None:
             raise ValueError(
-                "policy_loss: kl_coef > 0 needs reference_logprobs_B_T (log-probs of "
-                "the sampled tokens under the reference model); or set kl_coef = 0"
+                "policy_loss: kl_coef > 0 needs PolicyLossInputs.reference_logprobs (log-probs "
+                "of the sampled tokens under the reference model); or set kl_coef = 0"
             )
-        reference = torch.where(mask, reference_logprobs_B_T.detach().to(trainer.dtype), zero)
+        reference = torch.where(mask, inputs.reference_logprobs.detach().to(trainer.dtype),
+                                zero)
         kl_ref = _reference_kl(trainer, reference, cfg.kl_estimator)
         per_token = per_token + cfg.kl_coef * kl_ref
         metrics["loss/kl_ref"] = _masked_mean(kl_ref.detach(), mask)
@@ -449,8 +515,9 @@ def policy_loss(
     with torch.no_grad():
         metrics.update(_policy_metrics(cfg, loss, mask, adv, ratio, flags, weights, keep,
                                        floored, capped, trainer, proximal, sampler))
-        if entropy_B_T is not None:
-            metrics["loss/entropy"] = _masked_mean(entropy_B_T.detach().to(trainer.dtype), mask)
+        if inputs.entropy is not None:
+            metrics["loss/entropy"] = _masked_mean(inputs.entropy.detach().to(trainer.dtype),
+                                                   mask)
     return LossOutput(loss=loss, per_token=per_token, metrics=_floats(metrics))
 
 
@@ -508,16 +575,9 @@ def _centering_coefficients(
 
 
 def score_centering_loss(
-    trainer_logits_B_T_V: torch.Tensor,
-    sampled_ids_B_T: torch.Tensor,
-    sampler_logprobs_B_T: torch.Tensor,
-    sampler_topk_ids_B_T_K: torch.Tensor,
-    sampler_topk_logprobs_B_T_K: torch.Tensor,
-    advantages: torch.Tensor,
-    mask_B_T: torch.Tensor,
+    inputs: ScoreCenteringInputs,
     cfg: ScoreCenteringConfig,
     *,
-    trainer_logsumexp_B_T: torch.Tensor | None = None,
     compute_entropy: bool = True,
     denominator: torch.Tensor | float | None = None,
     sequence_tokens_B: torch.Tensor | None = None,
@@ -536,14 +596,17 @@ def score_centering_loss(
     `tis`/`mis` correction); the sum's expectation under mu is E_mu[f(pi/mu) grad log pi] with
     the tail modelled as pi rescaled to mass m_mu (exact when H is the whole vocabulary), so the
     two terms together have expectation zero under the sampler: the weight is applied per head
-    token, not to the sampled token. Gradient flows through the logits only. Pass the trainer's
-    `trainer_logsumexp_B_T` to reuse it; m_pi is floored at 1e-6 (float32 cannot resolve
+    token, not to the sampled token. Gradient flows through the logits only. Give the trainer's
+    `inputs.trainer_logsumexp` to reuse it; m_pi is floored at 1e-6 (float32 cannot resolve
     smaller tail masses). Weight metrics are over the valid head entries.
     """
-    shape = _check_centering_shapes(trainer_logits_B_T_V, sampled_ids_B_T, sampler_logprobs_B_T,
-                                    sampler_topk_ids_B_T_K, sampler_topk_logprobs_B_T_K, mask_B_T)
-    mask = mask_B_T.to(torch.bool)
-    logits = trainer_logits_B_T_V
+    shape = inputs.shape
+    mask = inputs.mask.to(torch.bool)
+    logits = inputs.trainer_logits
+    sampled_ids_B_T, sampler_logprobs_B_T = inputs.sampled_ids, inputs.sampler_logprobs
+    sampler_topk_ids_B_T_K = inputs.sampler_topk_ids
+    sampler_topk_logprobs_B_T_K = inputs.sampler_topk_logprobs
+    trainer_logsumexp_B_T = inputs.trainer_logsumexp
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     lse = (
         torch.logsumexp(logits.to(dtype), -1)
@@ -551,7 +614,7 @@ def score_centering_loss(
         else trainer_logsumexp_B_T.to(dtype)
     )
     head_logp = logits.gather(-1, sampler_topk_ids_B_T_K.long()).to(dtype) - lse[..., None]
-    adv = _advantages_B_T(advantages, shape).to(dtype)
+    adv = _advantages_B_T(inputs.advantages, shape).to(dtype)
 
     with torch.no_grad():
         valid = torch.isfinite(sampler_topk_logprobs_B_T_K) & mask[..., None]

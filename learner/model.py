@@ -33,9 +33,11 @@ def load_policy(path: str | Path, device: str = "cpu", dtype: str = "float32") -
 
 @dataclass(frozen=True)
 class PolicyOutputs:
-    logits_B_T_V: torch.Tensor  # (B, T-1, V) float32, position j predicts token j + 1
-    logsumexp_B_T: torch.Tensor  # (B, T-1)
-    logprobs_B_T: torch.Tensor  # (B, T-1) log pi(token j + 1 | tokens <= j)
+    """The policy on the shifted positions of (B, T) input ids: entry j is about token j + 1."""
+
+    logits_B_Tm1_V: torch.Tensor  # (B, T-1, V) float32, position j predicts token j + 1
+    logsumexp_B_Tm1: torch.Tensor  # (B, T-1)
+    logprobs_B_Tm1: torch.Tensor  # (B, T-1) log pi(token j + 1 | tokens <= j)
 
 
 def policy_outputs(

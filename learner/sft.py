@@ -80,7 +80,7 @@ def _loss_token_sums(learner: Learner, samples: Sequence[TrainingSample],
         for start in range(0, batch.size, micro_batch_size):
             sub = batch.rows(start, min(start + micro_batch_size, batch.size))
             out = policy_outputs(learner.policy, sub.input_ids_B_T, sub.attention_mask_B_T)
-            picked = out.logprobs_B_T.masked_fill(~sub.loss_mask_B_Tm1, 0.0)
+            picked = out.logprobs_B_Tm1.masked_fill(~sub.loss_mask_B_Tm1, 0.0)
             sums.extend(picked.sum(-1).tolist())
     learner.policy.train()
     return sums
@@ -101,7 +101,8 @@ def sft_step(
     for start in range(0, batch.size, sft.micro_batch_size):
         sub = batch.rows(start, min(start + sft.micro_batch_size, batch.size))
         out = policy_outputs(learner.policy, sub.input_ids_B_T, sub.attention_mask_B_T)
-        loss = aggregate(-out.logprobs_B_T, sub.loss_mask_B_Tm1, "token_mean", denominator=denominator)
+        loss = aggregate(-out.logprobs_B_Tm1, sub.loss_mask_B_Tm1, "token_mean",
+                         denominator=denominator)
         loss.backward()
         loss_value += loss.item()
     norm = torch.nn.utils.clip_grad_norm_(

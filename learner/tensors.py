@@ -2,7 +2,7 @@
 
 `collate` right-pads a list of `TrainingSample`s into (B, T) input tensors and gives every
 per-token quantity in the shifted space (B, T-1), named `_B_Tm1`: entry j is about token j + 1,
-the token the logits at position j predict (so `policy_outputs(...).logprobs_B_T` of the model
+the token the logits at position j predict (so `policy_outputs(...).logprobs_B_Tm1` of the model
 line up with them). Padding has loss mask 0; padded top-k entries have log-prob -inf (which the
 score-centering loss treats as absent). Rows of one trajectory (a template split it into
 segments) share a `trajectory_index_B` entry.

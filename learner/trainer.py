@@ -55,6 +55,8 @@ from learner.distributed import (
     split_rows,
 )
 from learner.losses import (
+    PolicyLossInputs,
+    ScoreCenteringInputs,
     aggregate,
     aggregation_denominator,
     behaviour_weights,
@@ -406,9 +408,9 @@ class Learner:
         for start in range(0, batch.size, mb):
             rows = slice(start, start + mb)
             ids, attn = batch.input_ids_B_T[rows], batch.attention_mask_B_T[rows]
-            proximal.append(policy_outputs(self.policy, ids, attn).logprobs_B_T)
+            proximal.append(policy_outputs(self.policy, ids, attn).logprobs_B_Tm1)
             if self.reference is not None:
-                reference.append(policy_outputs(self.reference, ids, attn).logprobs_B_T)
+                reference.append(policy_outputs(self.reference, ids, attn).logprobs_B_Tm1)
             if self.critic is not None:
                 values.append(self.critic(ids, attn).float())
         self.policy.train()
@@ -495,7 +497,7 @@ class Learner:
                 with torch.no_grad():
                     current = policy_outputs(
                         self.policy, sub.input_ids_B_T, sub.attention_mask_B_T
-                    ).logprobs_B_T
+                    ).logprobs_B_Tm1
                 current = torch.nn.functional.pad(current, (0, mask.shape[1] - current.shape[1]))
             _, keep, _, _ = behaviour_weights(
                 current, step.proximal_logprobs_B_Tm1[rows], batch.sampler_logprobs_B_Tm1[rows],
@@ -533,14 +535,16 @@ class Learner:
         out = policy_outputs(self.train_policy, sub.input_ids_B_T, sub.attention_mask_B_T)
         advantages = step.advantages_of(rows, length)
         loss_out = policy_loss(
-            out.logprobs_B_T,
-            _cut(step.proximal_logprobs_B_Tm1, rows, length),
-            sub.sampler_logprobs_B_Tm1,
-            advantages,
-            sub.loss_mask_B_Tm1,
+            PolicyLossInputs(
+                trainer_logprobs=out.logprobs_B_Tm1,
+                proximal_logprobs=_cut(step.proximal_logprobs_B_Tm1, rows, length),
+                sampler_logprobs=sub.sampler_logprobs_B_Tm1,
+                advantages=advantages,
+                mask=sub.loss_mask_B_Tm1,
+                reference_logprobs=_cut(step.reference_logprobs_B_Tm1, rows, length),
+                entropy=token_entropy(out.logits_B_Tm1_V, out.logsumexp_B_Tm1),
+            ),
             cfg.loss,
-            reference_logprobs_B_T=_cut(step.reference_logprobs_B_Tm1, rows, length),
-            entropy_B_T=token_entropy(out.logits_B_T_V, out.logsumexp_B_T),
             denominator=denominators.policy,
             sequence_tokens_B=denominators.policy_sequence_tokens_B[rows],
         )
@@ -548,15 +552,17 @@ class Learner:
         metrics = dict(loss_out.metrics)
         if cfg.score_centering is not None:
             sc_out = score_centering_loss(
-                out.logits_B_T_V,
-                sub.input_ids_B_T[:, 1:],
-                sub.sampler_logprobs_B_Tm1,
-                sub.topk_ids_B_Tm1_K,
-                sub.topk_logprobs_B_Tm1_K,
-                advantages,
-                sub.loss_mask_B_Tm1,
+                ScoreCenteringInputs(
+                    trainer_logits=out.logits_B_Tm1_V,
+                    sampled_ids=sub.input_ids_B_T[:, 1:],
+                    sampler_logprobs=sub.sampler_logprobs_B_Tm1,
+                    sampler_topk_ids=sub.topk_ids_B_Tm1_K,
+                    sampler_topk_logprobs=sub.topk_logprobs_B_Tm1_K,
+                    advantages=advantages,
+                    mask=sub.loss_mask_B_Tm1,
+                    trainer_logsumexp=out.logsumexp_B_Tm1,
+                ),
                 cfg.score_centering,
-                trainer_logsumexp_B_T=out.logsumexp_B_T,
                 compute_entropy=False,
                 denominator=denominators.centering,
                 sequence_tokens_B=denominators.centering_sequence_tokens_B[rows],

@@ -18,7 +18,9 @@ from learner.advantages import outcome_advantages
 from learner.losses import (
     LossOutput,
     PolicyLossConfig,
+    PolicyLossInputs,
     ScoreCenteringConfig,
+    ScoreCenteringInputs,
     aggregate,
     aggregation_denominator,
     policy_loss,
@@ -45,7 +47,7 @@ def _batch(seed: int, B: int = 4, T: int = 7, spread: float = 0.3):
 
 def _run(cfg, lp, old, mu, adv, mask, ref=None):
     lp = lp.clone().requires_grad_(True)
-    out = policy_loss(lp, old, mu, adv, mask, cfg, reference_logprobs_B_T=ref)
+    out = policy_loss(PolicyLossInputs(lp, old, mu, adv, mask, reference_logprobs=ref), cfg)
     out.loss.backward()
     return out, lp.grad
 
@@ -134,16 +136,17 @@ def test_reference_kl_penalty_matches_reference(estimator):
 
 def test_kl_without_reference_is_a_clear_error():
     lp, old, mu, _, mask, adv = _batch(0)
-    with pytest.raises(ValueError, match="reference_logprobs_B_T"):
-        policy_loss(lp, old, mu, adv, mask, PolicyLossConfig(kl_coef=0.1))
+    with pytest.raises(ValueError, match="reference_logprobs"):
+        policy_loss(PolicyLossInputs(lp, old, mu, adv, mask), PolicyLossConfig(kl_coef=0.1))
 
 
 def test_mis_excluded_from_denominator_changes_the_normaliser():
     lp, old, mu, _, mask, adv = _batch(1, spread=0.5)
     common = dict(surrogate="reinforce", correction="mis", correction_low=0.8, correction_high=1.25)
-    counted = policy_loss(lp, old, mu, adv, mask, PolicyLossConfig(**common))
+    counted = policy_loss(PolicyLossInputs(lp, old, mu, adv, mask), PolicyLossConfig(**common))
     excluded = policy_loss(
-        lp, old, mu, adv, mask, PolicyLossConfig(**common, masked_in_denominator=False)
+        PolicyLossInputs(lp, old, mu, adv, mask),
+        PolicyLossConfig(**common, masked_in_denominator=False),
     )
     frac = counted.metrics["loss/masked_frac"]
     assert 0 < frac < 1
@@ -238,7 +241,7 @@ def test_masked_positions_get_no_gradient_even_with_nonfinite_values():
 
 def test_metrics_report_clip_fractions_separately_and_kl_to_sampler():
     lp, old, mu, _, mask, adv = _batch(10, spread=0.5)
-    out = policy_loss(lp, old, mu, adv, mask, PolicyLossConfig(surrogate="ppo"))
+    out = policy_loss(PolicyLossInputs(lp, old, mu, adv, mask), PolicyLossConfig(surrogate="ppo"))
     m = out.metrics
     r = torch.exp(lp - old)
     loss_tokens = mask.bool()
@@ -258,7 +261,7 @@ def test_metrics_report_clip_fractions_separately_and_kl_to_sampler():
 def test_effective_sample_size_of_weights():
     lp, old, mu, _, mask, adv = _batch(11, spread=0.7)
     cfg = PolicyLossConfig(surrogate="reinforce", correction="tis", correction_high=100.0)
-    out = policy_loss(lp, old, mu, adv, mask, cfg)
+    out = policy_loss(PolicyLossInputs(lp, old, mu, adv, mask), cfg)
     w = torch.exp(old - mu)[mask.bool()]
     ess = (w.sum() ** 2 / (w.numel() * (w * w).sum())).item()
     assert out.metrics["loss/is_ess"] == pytest.approx(ess)
@@ -301,9 +304,9 @@ def test_empty_mask_gives_zero_loss_with_gradient_graph():
 def test_bad_shapes_are_clear_errors():
     lp, old, mu, _, mask, adv = _batch(0)
     with pytest.raises(ValueError, match="advantages must have shape"):
-        policy_loss(lp, old, mu, adv[:, :3], mask, PolicyLossConfig())
+        policy_loss(PolicyLossInputs(lp, old, mu, adv[:, :3], mask), PolicyLossConfig())
     with pytest.raises(ValueError, match=r"one \(B, T\) shape"):
-        policy_loss(lp, old[:, :3], mu, adv, mask, PolicyLossConfig())
+        policy_loss(PolicyLossInputs(lp, old[:, :3], mu, adv, mask), PolicyLossConfig())
 
 
 # ----------------------------------------------------------------------------- score centering
@@ -342,7 +345,8 @@ def test_score_centering_matches_reference(weight, aggregation):
     for seed in range(3):
         logits, sampled, mu_logp, top_ids, top_lp, adv, mask = _sc_batch(seed)
         x = logits.clone().requires_grad_(True)
-        out = score_centering_loss(x, sampled, mu_logp, top_ids, top_lp, adv, mask, cfg)
+        out = score_centering_loss(
+            ScoreCenteringInputs(x, sampled, mu_logp, top_ids, top_lp, adv, mask), cfg)
         out.loss.backward()
         adv_rows = adv[:, None].expand(mask.shape).tolist()
         want_loss, want_grad = score_centering_reference(
@@ -380,17 +384,20 @@ def _expected_centered_gradient(logits_V, mu_V, head_ids, head_logp, sc=None):
         x = logits_V.clone()[None, None].requires_grad_(True)
         lp = torch.log_softmax(x, -1)[..., y]
         mu_y = torch.log(mu_V[y]).reshape(1, 1)
-        loss = policy_loss(lp, lp.detach(), mu_y, torch.ones(1, dtype=DT), mask, rf).loss
+        loss = policy_loss(
+            PolicyLossInputs(lp, lp.detach(), mu_y, torch.ones(1, dtype=DT), mask), rf).loss
         loss = (
             loss
             + score_centering_loss(
-                x,
-                torch.tensor([[y]]),
-                mu_y,
-                head_ids[None, None],
-                head_logp[None, None],
-                torch.ones(1, dtype=DT),
-                mask,
+                ScoreCenteringInputs(
+                    x,
+                    torch.tensor([[y]]),
+                    mu_y,
+                    head_ids[None, None],
+                    head_logp[None, None],
+                    torch.ones(1, dtype=DT),
+                    mask,
+                ),
                 sc,
             ).loss
         )
@@ -453,23 +460,20 @@ def test_score_centering_is_exact_when_the_sampler_tail_is_the_rescaled_trainer_
 def test_score_centering_with_trainer_logsumexp_matches_and_rejects_bad_topk():
     logits, sampled, mu_logp, top_ids, top_lp, adv, mask = _sc_batch(5)
     cfg = ScoreCenteringConfig()
-    a = score_centering_loss(logits, sampled, mu_logp, top_ids, top_lp, adv, mask, cfg)
+    a = score_centering_loss(
+        ScoreCenteringInputs(logits, sampled, mu_logp, top_ids, top_lp, adv, mask), cfg)
     b = score_centering_loss(
-        logits,
-        sampled,
-        mu_logp,
-        top_ids,
-        top_lp,
-        adv,
-        mask,
+        ScoreCenteringInputs(logits, sampled, mu_logp, top_ids, top_lp, adv, mask,
+                             trainer_logsumexp=torch.logsumexp(logits, -1)),
         cfg,
-        trainer_logsumexp_B_T=torch.logsumexp(logits, -1),
         compute_entropy=False,
     )
     assert a.loss.item() == pytest.approx(b.loss.item(), rel=1e-12)
     assert "score_centering/entropy" not in b.metrics
     with pytest.raises(ValueError, match="logprobs_topk"):
-        score_centering_loss(logits, sampled, mu_logp, top_ids[..., :2], top_lp, adv, mask, cfg)
+        score_centering_loss(
+            ScoreCenteringInputs(logits, sampled, mu_logp, top_ids[..., :2], top_lp, adv, mask),
+            cfg)
 
 
 @pytest.mark.parametrize("mode", ["seq_mean_token_mean", "seq_mean_token_sum", "seq_sum_norm"])

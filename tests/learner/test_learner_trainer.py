@@ -45,7 +45,7 @@ def _sequence_logprobs(learner: Learner, samples) -> torch.Tensor:
     with torch.no_grad():
         lp = policy_outputs(
             learner.policy, batch.input_ids_B_T, batch.attention_mask_B_T
-        ).logprobs_B_T
+        ).logprobs_B_Tm1
     mask = batch.loss_mask_B_Tm1.float()
     return (lp * mask).sum(-1) / mask.sum(-1)
 

@@ -90,7 +90,7 @@ def test_every_trained_token_gets_the_learners_logprob(model_dir, tmp_path):
         learner.policy.eval()
         for sample in samples:
             ids = torch.tensor(sample.token_ids)[None]
-            lp = policy_outputs(learner.policy, ids, torch.ones_like(ids)).logprobs_B_T[0]
+            lp = policy_outputs(learner.policy, ids, torch.ones_like(ids)).logprobs_B_Tm1[0]
             positions = np.flatnonzero(sample.loss_mask)
             expected.setdefault(sample.trajectory_id, []).append(lp.numpy()[positions - 1])
         learner.policy.train()

@@ -1,0 +1,210 @@
+"""One comparison of RL recipes: each job, each seed, run in turn on one store (`Comparison`).
+
+`Comparison(out, budget=..., share_warm_start=..., warm_start=...).run(job, config, seed)` runs
+one job at one seed in this process and returns its row: the label, the run id, the exit code,
+held-out success before and after RL, RL seconds and sampled tokens, and the diagnostics read
+from the store (token lag, IS effective sample size, k3 KL to the sampler, clip fractions, the
+share of trajectories spanning several weights versions, the selection skew). The command
+`stalewise compare` is a loop over jobs and seeds around it, plus the table and plots.
+
+Guarantees: every run gets the comparison's budget (`pipeline.budget_s`; its `steps` are lifted
+so the budget binds), store (`OUT/compare.db`), folder and its seed. With `share_warm_start`,
+runs whose SFT warm start would be the same (same model, task family and options,
+`[learner.sft]`, device, dtype and seed) share the first one's checkpoint; with `warm_start`
+every run starts RL from that checkpoint. Runs that start from the same checkpoint with the
+same seed and evaluation settings share its evaluation before RL: the first measures it, the
+others skip theirs (`tasks.eval_before = false`) and report the first's figure. A run that
+fails is a row with its exit code, never a gap.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+SUCCESS = 0.999
+UNBOUNDED_STEPS = 1_000_000
+
+
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+class Comparison:
+    """The runs of one comparison and what they share (module docstring)."""
+
+    def __init__(self, out: Path, *, budget: float | None = None, share_warm_start: bool = True,
+                 warm_start: Path | None = None,
+                 say: Callable[[str], None] = _to_stderr) -> None:
+        self.out, self.budget, self.share_warm_start = out, budget, share_warm_start
+        self.warm_start, self.say = warm_start, say
+        self.warm_starts: dict[str, tuple[Path, str]] = {}  # key -> (checkpoint, made by)
+        self.baselines: dict[str, tuple[tuple[int, int], str]] = {}  # key -> (before, by)
+
+    def run(self, job, config: Path, seed: int) -> dict[str, Any]:
+        """Run `job` at `seed`; its row."""
+        label = f"{config.stem}-s{seed}"
+        self.say(f"compare: running {label} (budget {self.budget or 'steps'} s)")
+        prepared = prepare(job, label, seed, self.budget, self.out)
+        key = warm_start_key(prepared) if self.share_warm_start else None
+        shared = ((self.warm_start, str(self.warm_start)) if self.warm_start
+                  else self.warm_starts.get(key) if key else None)
+        if shared:
+            self.say(f"compare: {label} starts RL from {shared[0]}")
+            prepared = from_checkpoint(prepared, shared[0])
+        baseline = self.baselines.get(before_eval_key(prepared)) if shared else None
+        if baseline:
+            self.say(f"compare: {label} reuses {baseline[1]}'s evaluation before RL "
+                     "(same checkpoint, seed and evaluation settings)")
+            prepared = without_before_eval(prepared)
+        row = run_one(prepared, label, config, before=baseline[0] if baseline else None)
+        start = shared[0] if shared else None  # the checkpoint RL started from
+        if shared:
+            row["warm_start_from"] = shared[1]
+        elif key and row["run_id"]:
+            made = Path(prepared.run.output_dir) / row["run_id"] / "sft"
+            if (made / "config.json").exists():
+                self.warm_starts[key] = (made, label)
+                start = made
+        if baseline:
+            row["before_from"] = baseline[1]
+        elif start is not None and row.get("before", (0, 0))[1]:
+            self.baselines[before_eval_key(from_checkpoint(prepared, start))] = (
+                row["before"], label)
+        return row
+
+
+def edited(job, change):
+    """A validated copy of the job whose plain data `change` has edited in place."""
+    data = job.model_dump(mode="json")
+    change(data)
+    return type(job).model_validate(data)
+
+
+def prepare(job, label: str, seed: int, budget: float | None, out: Path):
+    """The job with the comparison's store, folder, seed and budget."""
+    def change(data):
+        data["run"].update(name=label, seed=seed, db_url=f"sqlite:///{out / 'compare.db'}",
+                           output_dir=str(out / "runs"))
+        if budget is not None:
+            data["pipeline"].update(budget_s=budget, steps=UNBOUNDED_STEPS)
+    return edited(job, change)
+
+
+def warm_start_key(job) -> str | None:
+    """What the job's SFT warm start depends on, as a string; None without one."""
+    if not job.learner.sft.enabled:
+        return None
+    return json.dumps([job.model.model_dump(mode="json"), job.tasks.family, job.tasks.options,
+                       job.learner.sft.model_dump(mode="json"), job.learner.device,
+                       job.learner.dtype, job.run.seed], sort_keys=True)
+
+
+def from_checkpoint(job, checkpoint: Path):
+    """The job starting RL from an existing warm-start checkpoint instead of making its own."""
+    def change(data):
+        data["model"].update(path=str(checkpoint), create_tiny=False)
+        data["learner"]["sft"]["enabled"] = False
+    return edited(job, change)
+
+
+def before_eval_key(job) -> str:
+    """What a run's evaluation before RL depends on: the starting model, the seed (it picks the
+    held-out instances) and the sections that shape a trajectory. Runs with equal keys measure
+    the same thing before RL, so one measurement serves them all."""
+    data = job.model_dump(mode="json")
+    return json.dumps([data[k] for k in ("model", "engine", "sandbox", "tasks", "rollout")]
+                      + [job.run.seed], sort_keys=True)
+
+
+def without_before_eval(job):
+    return edited(job, lambda data: data["tasks"].update(eval_before=False))
+
+
+def run_one(job, label: str, config: Path,
+            before: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Run the job; `before` is the evaluation before RL measured by an earlier run when this
+    run skips its own."""
+    from core.store.store import Store
+    from orchestrator.job import run_job
+
+    code = run_job(job)
+    store = Store.open(job.run.db_url)
+    try:
+        run_id = latest_run(store, label)
+        row = {"label": label, "config": str(config), "run_id": run_id, "exit_code": code}
+        if run_id is not None:
+            row.update(run_figures(store, run_id, before))
+        return row
+    finally:
+        store.close()
+
+
+def latest_run(store, name: str) -> str | None:
+    from core.store.reads import latest_run_named
+
+    return latest_run_named(store, name)
+
+
+def run_figures(store, run_id: str, before: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Held-out success before/after, RL seconds and tokens, and diagnostics, from the store;
+    `before` given means the run did not evaluate before RL itself."""
+    from core.store import audit
+    from orchestrator.ledger import build_ledger
+    from orchestrator.report import generated_work, held_out_gain, rollout_dynamics
+
+    own_before, after = eval_counts(store, run_id, has_before=before is None)
+    before = before or own_before
+    seconds, tokens = rl_extent(store, run_id)
+    curve = audit.learner_steps(store, run_id)
+    _, skew = build_ledger(generated_work(store, run_id))
+    dynamics = rollout_dynamics(store, run_id)
+    figures: dict[str, Any] = {
+        "before": before, "after": after, "rl_seconds": seconds, "sampled_tokens": tokens,
+        "learner_steps": len(curve),
+        "mean_lag": mean_of(curve, "mean_lag"), "max_lag": max_of(curve, "max_lag"),
+        "is_ess": mean_of(curve, "is_ess"), "kl_sampler_k3": mean_of(curve, "kl_sampler"),
+        "clip_high": mean_of(curve, "clip_high"), "clip_low": mean_of(curve, "clip_low"),
+        "multi_version_fraction": dynamics["multi_version_fraction"],
+        "difficulty_tv": skew.difficulty_tv, "duration_tv": skew.duration_tv,
+        "excluded_token_share": skew.excluded_token_share,
+    }
+    if before[1] and after[1]:
+        figures["held_out_95"] = held_out_gain(before, after)
+    return figures
+
+
+def eval_counts(store, run_id: str, has_before: bool = True
+                ) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(successes, instances) of the before and after evaluations: the run's eval trajectories
+    in id order, first half before RL (all after RL when the run has no evaluation before);
+    infrastructure errors count as failures."""
+    from core.store.reads import eval_rewards
+
+    rewards = eval_rewards(store, run_id)
+    half = len(rewards) // 2 if has_before else 0
+    solved = [r is not None and r >= SUCCESS for r in rewards]
+    return (sum(solved[:half]), half), (sum(solved[half:]), len(rewards) - half)
+
+
+def rl_extent(store, run_id: str) -> tuple[float, int]:
+    """Seconds from the first train trajectory's start to the end of the RL phase (the last
+    learner step or train trajectory to finish), and the tokens sampled by train trajectories."""
+    from core.store.reads import rl_phase
+
+    first, last_trajectory, tokens, last_step = rl_phase(store, run_id)
+    ends = [e for e in (last_trajectory, last_step) if e is not None]
+    seconds = (max(ends) - first) if first is not None and ends else 0.0
+    return round(seconds, 1), tokens
+
+
+def mean_of(curve: list[dict], key: str) -> float | None:
+    values = [r[key] for r in curve if r.get(key) is not None]
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def max_of(curve: list[dict], key: str) -> float | None:
+    return max((r[key] for r in curve if r.get(key) is not None), default=None)

@@ -26,7 +26,6 @@ class PaddedBatch:
     loss_mask_B_Tm1: torch.Tensor  # (B, T-1) bool, shifted
     sampler_logprobs_B_Tm1: torch.Tensor  # (B, T-1) float32, shifted
     weights_versions_B_Tm1: torch.Tensor  # (B, T-1) long, shifted (-1 off the mask)
-    rewards_B: torch.Tensor  # (B,) float32
     group_ids: tuple  # (B,) group ids
     trajectory_ids: tuple  # (B,) trajectory ids (a multi-segment trajectory spans rows)
     trajectory_index_B: torch.Tensor  # (B,) long, 0.. per distinct trajectory id
@@ -53,7 +52,6 @@ class PaddedBatch:
             loss_mask_B_Tm1=cut(self.loss_mask_B_Tm1, True),
             sampler_logprobs_B_Tm1=cut(self.sampler_logprobs_B_Tm1, True),
             weights_versions_B_Tm1=cut(self.weights_versions_B_Tm1, True),
-            rewards_B=self.rewards_B[start:stop],
             group_ids=self.group_ids[start:stop],
             trajectory_ids=self.trajectory_ids[start:stop],
             trajectory_index_B=self.trajectory_index_B[start:stop],
@@ -106,7 +104,6 @@ def collate(
         loss_mask_B_Tm1=as_t(mask[:, 1:]),
         sampler_logprobs_B_Tm1=as_t(sampler[:, 1:]),
         weights_versions_B_Tm1=as_t(versions[:, 1:]),
-        rewards_B=torch.tensor([s.reward for s in samples], dtype=torch.float32, device=device),
         group_ids=tuple(s.group_id for s in samples),
         trajectory_ids=tuple(s.trajectory_id for s in samples),
         trajectory_index_B=_index_of([s.trajectory_id for s in samples], device),

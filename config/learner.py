@@ -252,7 +252,7 @@ class SftConfig(_Strict):
     warmup_steps: int = Field(0, ge=0, description="linear warmup from 0 to lr")
     select_every: int = Field(
         0, ge=0, description="every N steps (and at the end) score the checkpoint on "
-        "`select_instances` train instances that no demonstration uses, and keep the best-scoring "
+        "`select_instances` instances of the validation split, and keep the best-scoring "
         "one instead of the last (0 = keep the last); the family's own demonstrations only, not "
         "stages")
     select_instances: int = Field(64, ge=1, description="instances `select_every` scores on")

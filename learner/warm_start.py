@@ -3,13 +3,15 @@
 `warm_start(model, out, cfg, demonstrations)` runs the `[[sft.stages]]` curriculum, then SFT on
 the demonstrations (`learner.sft.run_sft`: checkpoint selection and retries included), and
 writes the checkpoint to `out` with what it measured in `stalewise.json` (steps, losses, the
-selection scores and the kept step, every try, the held-out check and the machine numerics the
-path depends on). The demonstrations come from a task family (`Suite`: the job's warm start,
+selection scores and the kept step, every try, the validation check and the machine numerics
+the path depends on). The demonstrations come from a task family (`Suite`: the job's warm start,
 and `stalewise learner sft --suite`), a JSON-lines file, or the synthetic tool-call set.
 
 A suite's demonstrations are tokenised in the job's chat format, so SFT teaches exactly what
-RL samples. Checkpoint selection scores train instances after the demonstrated ones (never
-demonstrated, never eval); the held-out check reads eval instances. `log` gets each line a user
+RL samples. Both measurements read the validation split, never train or test: checkpoint
+selection scores validation instances 0..`select_instances`, and the validation check of the
+kept checkpoint reads the `CHECK_INSTANCES` after them (so the figure is not the maximum
+selection chose). `log` gets each line a user
 reads while it runs (each selection score as it is measured, then the summary).
 """
 
@@ -27,6 +29,7 @@ from config.learner import LearnerConfig, SftConfig
 from learner.trainer import Learner
 
 Demonstration = tuple[list[int], list[int]]  # token ids, loss mask
+CHECK_INSTANCES = 64  # validation instances of the check of the kept checkpoint
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,8 @@ class Suite:
         return self.formatting.demonstrations(tokenizer, self.family, self.options, count,
                                               seed, wrong_fraction)
 
-    def correct_samples(self, tokenizer: object, split: str = "eval", start: int = 0,
-                        count: int = 64) -> list | None:
+    def correct_samples(self, tokenizer: object, split: str, start: int,
+                        count: int) -> list | None:
         return self.formatting.correct_samples(tokenizer, self.family, self.options, split,
                                                start, count)
 
@@ -147,10 +150,9 @@ def try_settings(sft: SftConfig) -> list[dict]:
 def _selection_score(learner: Learner, cfg: LearnerConfig, suite: Suite,
                      log: Callable[[str], None]) -> Callable[[], float]:
     """The checkpoint-selection score: the mean probability of the correct demonstration on
-    train instances after the demonstrated ones (tokenised once, scored at every selection
-    step, printed as it goes: a long SFT shows whether the skill forms)."""
-    unseen = suite.correct_samples(learner.tokenizer, "train", cfg.sft.demonstrations,
-                                   cfg.sft.select_instances)
+    validation instances (tokenised once, scored at every selection step, printed as it goes:
+    a long SFT shows whether the skill forms)."""
+    unseen = suite.correct_samples(learner.tokenizer, "validation", 0, cfg.sft.select_instances)
     if not unseen:
         raise ValueError(f"sft.select_every needs a family with demonstrations; "
                          f"{suite.family} has none")
@@ -159,8 +161,8 @@ def _selection_score(learner: Learner, cfg: LearnerConfig, suite: Suite,
     def score() -> float:
         value = demo_probability(learner, unseen)[1]
         log(f"step {learner.step} [select] {suite.family} step {learner.step - first}: mean "
-            f"probability of the correct demonstration on {len(unseen)} never-demonstrated "
-            f"train instances: {value:.1%}")
+            f"probability of the correct demonstration on {len(unseen)} validation "
+            f"instances: {value:.1%}")
         return value
 
     return score
@@ -187,8 +189,9 @@ def warm_start(model: Path, out: Path, cfg: LearnerConfig, *, suite: Suite | Non
              if suite is not None and cfg.sft.select_every > 0 else None)
     result = run_sft(learner, demonstrations, score=score)
     tried = try_settings(cfg.sft)
-    held = suite.correct_samples(learner.tokenizer) if suite is not None else None
-    heldout = demo_probability(learner, held) if held else None
+    held = (suite.correct_samples(learner.tokenizer, "validation", cfg.sft.select_instances,
+                                  CHECK_INSTANCES) if suite is not None else None)
+    checked = demo_probability(learner, held) if held else None
     facts = {
         "sft_steps": tried[result.kept_try or 0]["steps"],
         "loss_before": result.loss_before, "loss_after": result.loss_after,
@@ -198,18 +201,18 @@ def warm_start(model: Path, out: Path, cfg: LearnerConfig, *, suite: Suite | Non
         **({"tries": [{"settings": settings, "scores": scores} for settings, scores in
                       zip(tried, result.tries)], "kept_try": result.kept_try}
            if result.tries else {}),
-        **({"heldout_instances": heldout[0], "heldout_demo_probability": heldout[1]}
-           if heldout else {}),
+        **({"validation_instances": checked[0], "validation_demo_probability": checked[1]}
+           if checked else {}),
     }
     write_checkpoint(learner.policy, model, out, facts)
-    _summarise(result, tried, cfg.sft, heldout, len(demonstrations), out, log)
+    _summarise(result, tried, cfg.sft, checked, len(demonstrations), out, log)
     return facts
 
 
-def _summarise(result, tried: list[dict], sft: SftConfig, heldout: tuple[int, float] | None,
+def _summarise(result, tried: list[dict], sft: SftConfig, checked: tuple[int, float] | None,
                count: int, out: Path, log: Callable[[str], None]) -> None:
     if result.kept_step is not None:
-        log("checkpoint selection on never-demonstrated train instances (step: mean probability "
+        log("checkpoint selection on validation instances (step: mean probability "
             "of the correct demonstration): "
             + ", ".join(f"{step}: {value:.1%}" for step, value in result.scores.items())
             + f"; kept step {result.kept_step}")
@@ -220,9 +223,9 @@ def _summarise(result, tried: list[dict], sft: SftConfig, heldout: tuple[int, fl
             + "; ".join(f"try {number} ({describe(settings)}) best {max(scores.values()):.1%}"
                         for number, (settings, scores) in enumerate(zip(tried, result.tries)))
             + f"; kept try {result.kept_try} (its scores above)")
-    if heldout:
-        log(f"held-out check: a temperature-1 sample reproduces the correct demonstration of "
-            f"{heldout[0]} eval instances with mean probability {heldout[1]:.1%} (a lower "
+    if checked:
+        log(f"validation check: a temperature-1 sample reproduces the correct demonstration of "
+            f"{checked[0]} validation instances with mean probability {checked[1]:.1%} (a lower "
             "bound on success; near 0 means RL will see no reward: train longer or change lr)")
     log(f"sft on {count} demonstrations: loss {result.loss_before:.4f} -> "
         f"{result.loss_after:.4f} (nats per loss token); checkpoint in {out}")

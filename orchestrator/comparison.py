@@ -25,7 +25,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SUCCESS = 0.999
 UNBOUNDED_STEPS = 1_000_000
 
 
@@ -154,9 +153,10 @@ def run_figures(store, run_id: str, before: tuple[int, int] | None = None) -> di
     `before` given means the run did not evaluate before RL itself."""
     from core.store import audit
     from orchestrator.ledger import build_ledger
-    from orchestrator.report import generated_work, held_out_gain, rollout_dynamics
+    from core.evaluation import gain_figures
+    from orchestrator.report import generated_work, rollout_dynamics
 
-    own_before, after = eval_counts(store, run_id, has_before=before is None)
+    own_before, after = eval_counts(store, run_id)
     before = before or own_before
     seconds, tokens = rl_extent(store, run_id)
     curve = audit.learner_steps(store, run_id)
@@ -173,21 +173,19 @@ def run_figures(store, run_id: str, before: tuple[int, int] | None = None) -> di
         "excluded_token_share": skew.excluded_token_share,
     }
     if before[1] and after[1]:
-        figures["held_out_95"] = held_out_gain(before, after)
+        figures["held_out_95"] = gain_figures(before, after)
     return figures
 
 
-def eval_counts(store, run_id: str, has_before: bool = True
-                ) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(successes, instances) of the before and after evaluations: the run's eval trajectories
-    in id order, first half before RL (all after RL when the run has no evaluation before);
-    infrastructure errors count as failures."""
-    from core.store.reads import eval_rewards
+def eval_counts(store, run_id: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(solved, instances) of the run's evaluations before and after RL, from the store's
+    evaluation records ((0, 0) where the run has none); infrastructure errors and aborts
+    count as failures (`core.evaluation`)."""
+    from core.evaluation import latest_by_label
 
-    rewards = eval_rewards(store, run_id)
-    half = len(rewards) // 2 if has_before else 0
-    solved = [r is not None and r >= SUCCESS for r in rewards]
-    return (sum(solved[:half]), half), (sum(solved[half:]), len(rewards) - half)
+    by_label = latest_by_label(store.evaluations(run_id))
+    counts = {label: e.counts for label, e in by_label.items()}
+    return counts.get("before", (0, 0)), counts.get("after", (0, 0))
 
 
 def rl_extent(store, run_id: str) -> tuple[float, int]:
@@ -208,3 +206,50 @@ def mean_of(curve: list[dict], key: str) -> float | None:
 
 def max_of(curve: list[dict], key: str) -> float | None:
     return max((r[key] for r in curve if r.get(key) is not None), default=None)
+
+
+def recipe_spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per job (recipe), over its seeds: success after RL and the gain as mean, min, max and
+    standard deviation between seeds, and how many seeds' gain intervals exclude zero. The
+    spread between seeds is what a ranking must beat, not only each run's evaluation noise."""
+    by_recipe: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_recipe.setdefault(str(row["config"]), []).append(row)
+    out = []
+    for config, runs in by_recipe.items():
+        done = [r for r in runs if r.get("after", (0, 0))[1] and r.get("before", (0, 0))[1]]
+        after = [r["after"][0] / r["after"][1] for r in done]
+        gains = [a - r["before"][0] / r["before"][1] for a, r in zip(after, done)]
+        out.append({"recipe": Path(config).stem, "seeds": len(runs), "finished": len(done),
+                    "after": _spread(after), "gain": _spread(gains),
+                    "gains_outside_noise": sum(bool(r.get("held_out_95", {}).get(
+                        "gain_excludes_zero")) and g > 0 for r, g in zip(done, gains))})
+    return out
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 \
+        if len(values) > 1 else None
+    return {"mean": round(mean, 4), "min": round(min(values), 4), "max": round(max(values), 4),
+            "sd": round(sd, 4) if sd is not None else None, "n": len(values)}
+
+
+def ranking(spread: list[dict[str, Any]]) -> list[str]:
+    """Pairs of recipes whose success after RL differs by more than twice the standard error
+    of the difference between their seed means (each recipe needs two seeds or more); pairs
+    within that are named as not separated. Nothing is ranked on one seed."""
+    ranked = sorted((r for r in spread if r["after"] and r["after"]["sd"] is not None),
+                    key=lambda r: -r["after"]["mean"])
+    lines = []
+    for i, a in enumerate(ranked):
+        for b in ranked[i + 1:]:
+            se = (a["after"]["sd"] ** 2 / a["after"]["n"]
+                  + b["after"]["sd"] ** 2 / b["after"]["n"]) ** 0.5
+            difference = a["after"]["mean"] - b["after"]["mean"]
+            verdict = "above" if difference > 2 * se else "not separated from"
+            lines.append(f"{a['recipe']} {verdict} {b['recipe']}: {100 * difference:+.1f} "
+                         f"points, 2 standard errors {100 * 2 * se:.1f}")
+    return lines

@@ -1,20 +1,24 @@
-"""Held-out evaluation: run the family's `eval` split once per instance at the engine's weights.
+"""Held-out evaluation: run the family's `test` split once per instance at the engine's weights.
 
 Evaluation trajectories are recorded like any other (purpose `eval`, no group, never admitted),
-so the before/after figures of a run can be audited token by token. A trajectory that ends in
-an infrastructure error counts as a failure in the success rate (an evaluation cannot drop
-what it could not solve); `infra_errors` says how many there were. If the run stops during
-an evaluation, its unfinished trajectories end as `aborted` (orchestrator.inflight).
+so the before/after figures of a run can be audited token by token; the evaluation itself is
+one row of numbers in `evaluations` (`core.evaluation.Evaluation`), which every reader uses.
+A trajectory that ends in an infrastructure error counts as a failure (an evaluation cannot
+drop what it could not solve), and so does one the run stopped (`aborted`,
+orchestrator.inflight): an evaluation cut short is still recorded, with its aborted count.
+The test split is read here and nowhere else: RL dispatches train instances, and the warm
+start's selection and check read validation ones.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from statistics import fmean
 
 import anyio
 
 from core.engine_api import InferenceEngine, SamplingParams
+from core.evaluation import Evaluation, solved
+from core.log import get_logger
 from core.store.store import Store
 from orchestrator.inflight import InFlight
 from orchestrator.recorder import SqlRecorder, outcome_values
@@ -23,34 +27,24 @@ from orchestrator.writer import StoreWriter
 from tasks.api import TaskFamily
 from tasks.chat.base import ChatFormat
 
-SUCCESS = 0.999  # a reward at or above this counts as solved
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    label: str
-    version: int
-    instances: int
-    success_rate: float
-    mean_reward: float
-    infra_errors: int
+SPLIT = "test"
+log = get_logger("stalewise.evaluate")
 
 
 async def evaluate(*, label: str, run_id: str, version: int, store: Store, writer: StoreWriter,
                    engine: InferenceEngine, family: TaskFamily, chat_format: ChatFormat,
                    acquire, params: SamplingParams, instances: int, concurrency: int,
-                   options: RolloutOptions = RolloutOptions()) -> EvalResult:
+                   options: RolloutOptions = RolloutOptions()) -> Evaluation:
+    """Evaluate `instances` test instances (0..) at weights `version`; the `Evaluation` is
+    recorded in the store before it is returned (also when the run stops during it)."""
     limiter = anyio.CapacityLimiter(concurrency)
     if family.size is not None:  # a finite family (Harbor folders): each instance once at most
         instances = min(instances, family.size)
-    rewards: list[float] = []
-    infra = 0
-
+    tally = _Tally(family)
     unfinished: InFlight[int] = InFlight(store, writer)
 
     async def one(index: int) -> None:
-        nonlocal infra
-        task = family.instance(index, "eval")
+        task = family.instance(index, SPLIT)
         with anyio.CancelScope(shield=True):  # row and registration together (inflight)
             trajectory_id = await anyio.to_thread.run_sync(lambda: store.create_trajectory(
                 run_id, group_id=None, task_instance_id=store.task_instance_id(
@@ -58,6 +52,7 @@ async def evaluate(*, label: str, run_id: str, version: int, store: Store, write
                     difficulty=task.difficulty, prompt=task.prompt[-1].content),
                 dispatch_version=version, purpose="eval"))
             unfinished.add(trajectory_id, index)
+            tally.started(task)
         async with limiter:
             outcome = await run_trajectory(
                 task=task, engine=engine,
@@ -66,19 +61,55 @@ async def evaluate(*, label: str, run_id: str, version: int, store: Store, write
                 trajectory_id=str(trajectory_id), options=options)
         await writer.put_trajectory_update(trajectory_id, outcome_values(outcome))
         unfinished.ended(trajectory_id)
-        if outcome.status.value == "infra_error":
-            infra += 1
-            rewards.append(0.0)
-        else:
-            rewards.append(outcome.reward or 0.0)
+        tally.ended(outcome.status.value, outcome.reward)
 
     try:
         async with anyio.create_task_group() as tg:
             for index in range(instances):
                 tg.start_soon(one, index)
-    finally:
-        await unfinished.abort_all(f"the run stopped during the {label} evaluation")
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            aborted = len(unfinished)
+            await unfinished.abort_all(f"the run stopped during the {label} evaluation")
+            await _record_cut_short(store, run_id, tally.record(label, version, aborted))
+        raise
     await writer.flush()
-    return EvalResult(label=label, version=version, instances=instances,
-                      success_rate=fmean(r >= SUCCESS for r in rewards) if rewards else 0.0,
-                      mean_reward=fmean(rewards) if rewards else 0.0, infra_errors=infra)
+    result = tally.record(label, version, aborted=0)
+    await anyio.to_thread.run_sync(store.record_evaluation, run_id, result)
+    return result
+
+
+class _Tally:
+    """Counts of one evaluation as its trajectories start and end."""
+
+    def __init__(self, family: TaskFamily) -> None:
+        self.family = family
+        self.identities: set[str] = set()
+        self.instances = self.solved = self.infra_errors = 0
+        self.rewards: list[float] = []
+
+    def started(self, task) -> None:
+        self.instances += 1
+        self.identities.add(self.family.split_key(task) if self.family.split_key
+                            else task.content_hash)
+
+    def ended(self, status: str, reward: float | None) -> None:
+        self.infra_errors += status == "infra_error"
+        self.solved += status != "infra_error" and solved(reward)
+        self.rewards.append(0.0 if status == "infra_error" else reward or 0.0)
+
+    def record(self, label: str, version: int, aborted: int) -> Evaluation:
+        return Evaluation(label=label, policy_version=version, split=SPLIT,
+                          instances=self.instances, distinct=len(self.identities),
+                          solved=self.solved, infra_errors=self.infra_errors, aborted=aborted,
+                          mean_reward=round(fmean(self.rewards), 6) if self.rewards else 0.0)
+
+
+async def _record_cut_short(store: Store, run_id: str, evaluation: Evaluation) -> None:
+    """Record an evaluation the run stopped, if the store still answers (the run's own error
+    or cancellation is what the caller re-raises, never this one)."""
+    try:
+        await anyio.to_thread.run_sync(store.record_evaluation, run_id, evaluation)
+    except Exception as exc:
+        log.warning("could not record the evaluation that was cut short", label=evaluation.label,
+                    error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

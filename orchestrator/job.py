@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from config.job import JobConfig
 from config.learner import WarmStartJob
+from core.evaluation import Evaluation, gain_figures, latest_by_label
 from core.log import bind_run, configure_logging, get_logger
 from core.store import audit
 from core.store.outage import Outage, first_line
@@ -35,12 +36,12 @@ from core.store.store import Store
 from core.tokenizer import load_tokenizer
 from orchestrator.cluster.roles import RayLearners
 from orchestrator.engines.fleet import EngineFleet
-from orchestrator.evaluate import EvalResult, evaluate
+from orchestrator.evaluate import evaluate
 from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency
 from orchestrator.pools import PoolSet
 from orchestrator.processes import ChildProcess, Supervised, run_to_end
 from orchestrator.progress import show_progress, snapshot
-from orchestrator.report import held_out_gain, rollout_dynamics, store_ledger, write_report
+from orchestrator.report import rollout_dynamics, store_ledger, write_report
 from orchestrator.resume import recover_run
 from orchestrator.writer import running_writer
 from tasks.api import TaskFamily
@@ -97,7 +98,7 @@ async def warm_start(job: JobConfig, model_dir: Path, run_dir: Path) -> Path:
         raise RuntimeError(f"the SFT warm start failed; last log lines:\n{child.log_tail()}")
     done = json.loads((out / "stalewise.json").read_text())  # what `learner sft` measured
     log.info("warm start done", **{key: round(done[key], 4) for key in
-                                   ("loss_after", "heldout_demo_probability") if key in done},
+                                   ("loss_after", "validation_demo_probability") if key in done},
              **({"kept_step": done["kept_step"]} if "kept_step" in done else {}),
              **({"tries": len(done["tries"]), "kept_try": done["kept_try"]}
                 if "tries" in done else {}))
@@ -108,7 +109,7 @@ def warm_start_facts(sft_dir: Path) -> dict:
     """What `learner sft` measured and the machine it ran on (flat, for the report)."""
     done = json.loads((sft_dir / "stalewise.json").read_text())
     facts = {key: done[key] for key in ("sft_steps", "loss_after", "kept_step", "kept_try",
-                                        "heldout_demo_probability") if key in done}
+                                        "validation_demo_probability") if key in done}
     return {**facts, **done.get("numerics", {})}
 
 
@@ -318,7 +319,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
         if job.engine.kind == "vllm" and job.pipeline.mode == "async":
             log.warning("vLLM cannot keep older weights resident: in async mode a trajectory's "
                         "later turns may use newer weights (drain updates)")
-        results: list[EvalResult] = []
+
         async with anyio.create_task_group() as tg:
             await tg.start(pools.run)
             await tg.start(engines.supervise, client)
@@ -331,17 +332,17 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                              concurrency=job.rollout.max_concurrent,
                              options=await pipeline.rollout_options())
             if job.tasks.eval_instances and job.tasks.eval_before and not resumed:
-                results.append(await evaluate(label="before", version=version, **eval_args))
-                log.info("evaluation", **asdict(results[-1]))
+                log.info("evaluation", **asdict(await evaluate(label="before", version=version,
+                                                               **eval_args)))
             await pipeline.run()
             await writer.flush()
             if job.tasks.eval_instances:
                 version = await pipeline.sync_weights()
-                results.append(await evaluate(label="after", version=version,
-                                              **eval_args))
-                log.info("evaluation", **asdict(results[-1]))
+                log.info("evaluation", **asdict(await evaluate(label="after", version=version,
+                                                               **eval_args)))
             tg.cancel_scope.cancel()
     ledger, skew = await anyio.to_thread.run_sync(store_ledger, store, run_id)
+    results = await anyio.to_thread.run_sync(store.evaluations, run_id)
     curve = audit.learner_steps(store, run_id)
     lags = [r["mean_lag"] for r in curve if r["mean_lag"] is not None]
     summary = {
@@ -355,55 +356,59 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
         "admission": dict(pipeline.stats.decisions),
         "selection_skew": asdict(skew),
         "rollout_dynamics": rollout_dynamics(store, run_id),
-        "evaluation": {r.label: f"success {r.success_rate:.3f}, mean reward {r.mean_reward:.3f}"
-                                f" over {r.instances} (version {r.version}; "
-                                f"{r.infra_errors} infrastructure errors, counted as failures)"
-                       for r in results},
+        "evaluations": [r.as_dict() for r in results],
+        "held_out": family.held_out,
         "report": str(run_dir / "report.md"), "db": store.url,
     }
     if pools.hosts is not None:
         summary["sandbox_hosts"] = pools.hosts.summary()
     if (run_dir / "sft" / "stalewise.json").is_file():
         summary["warm_start"] = warm_start_facts(run_dir / "sft")
-    by_label = {r.label: (round(r.success_rate * r.instances), r.instances) for r in results}
-    if {"before", "after"} <= set(by_label) and by_label["before"][1] > 0:
-        summary["held_out_95"] = held_out_gain(by_label["before"], by_label["after"])
+    by_label = latest_by_label(results)
+    if {"before", "after"} <= set(by_label) and by_label["before"].instances > 0 \
+            and by_label["after"].instances > 0:
+        summary["held_out_95"] = gain_figures(by_label["before"].counts,
+                                              by_label["after"].counts)
     write_report(summary, ledger, run_dir, curve=curve)
     print_summary(summary, results, job)
     return summary
 
 
-def print_summary(summary: dict, results: list[EvalResult], job: JobConfig) -> None:
+def print_summary(summary: dict, results: list[Evaluation], job: JobConfig) -> None:
     mode = job.pipeline.mode + (f"/{job.pipeline.kv}" if job.pipeline.mode == "inflight" else "")
     skew = summary["selection_skew"]
     lines = [f"stalewise run {summary['run_id']} finished in {summary['wall_s']:.0f} s "
              f"({summary['learner_steps']} learner steps, {mode}, mean token lag "
              f"{summary['mean_token_lag']})"]
-    by_label = {r.label: r for r in results}
+    by_label = latest_by_label(results)
+    held = "held-out" if summary["held_out"] else "(not held out: the family's splits share tasks)"
     if "before" in by_label and "after" in by_label:
         before, after = by_label["before"], by_label["after"]
-        lines.append(f"  success rate on {after.instances} held-out {job.tasks.family} "
-                     f"instances: before RL {100 * before.success_rate:.1f}% -> after RL "
+        lines.append(f"  success rate on {after.instances} {held} {job.tasks.family} test "
+                     f"instances ({after.distinct} distinct): before RL "
+                     f"{100 * before.success_rate:.1f}% -> after RL "
                      f"{100 * after.success_rate:.1f}%")
-        lines.append(f"  infrastructure errors in the evaluations (counted as failures): "
-                     f"before {before.infra_errors}, after {after.infra_errors}")
+        lines.append(f"  infrastructure errors and aborted trajectories in the evaluations "
+                     f"(counted as failures): before {before.infra_errors} + {before.aborted}, "
+                     f"after {after.infra_errors} + {after.aborted}")
         if "held_out_95" in summary:
             lines.append(f"  95% intervals: gain {summary['held_out_95']['gain']} "
                          f"(before {summary['held_out_95']['before']}, after "
                          f"{summary['held_out_95']['after']})")
     elif "after" in by_label:
         after = by_label["after"]
-        lines.append(f"  success rate on {after.instances} held-out {job.tasks.family} "
-                     f"instances: after RL {100 * after.success_rate:.1f}% (no evaluation "
-                     f"before RL in this run: tasks.eval_before = false)")
-        lines.append(f"  infrastructure errors in the evaluation (counted as failures): "
-                     f"{after.infra_errors}")
+        lines.append(f"  success rate on {after.instances} {held} {job.tasks.family} test "
+                     f"instances ({after.distinct} distinct): after RL "
+                     f"{100 * after.success_rate:.1f}% (no evaluation before RL in this run: "
+                     f"tasks.eval_before = false)")
+        lines.append(f"  infrastructure errors and aborted trajectories in the evaluation "
+                     f"(counted as failures): {after.infra_errors} + {after.aborted}")
     if "warm_start" in summary:
         warm = summary["warm_start"]
-        check = warm.get("heldout_demo_probability")
+        check = warm.get("validation_demo_probability")
         lines.append(f"  warm start: {warm.get('sft_steps')} SFT steps"
                      + (f", kept step {warm['kept_step']}" if "kept_step" in warm else "")
-                     + (f", held-out check {100 * check:.1f}%" if check is not None else "")
+                     + (f", validation check {100 * check:.1f}%" if check is not None else "")
                      + f"; torch {warm.get('torch', '?')}, {warm.get('cpu_kernels', '?')} "
                      f"kernels, {warm.get('torch_threads', '?')} threads (the SFT path depends "
                      "on them)")

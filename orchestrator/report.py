@@ -6,8 +6,7 @@ weights-version span, the KV-version lag: for each sampled token, its weights ve
 oldest version in the KV cache it attended to, and a trajectory's lag the largest of its tokens',
 so a KV cache recomputed at every update shows lag 0 however many versions the trajectory
 spans), how many ran out of time and what admission did with them.
-`held_out_gain` turns before/after success counts into Wilson and Newcombe 95% intervals
-(`core.stats`). `store_ledger` reads every finished training trajectory of a run with its
+The evaluations come from the store's `evaluations` table (`core.evaluation`), as numbers. `store_ledger` reads every finished training trajectory of a run with its
 final admission decision (`core.store.rollouts`), computes the ledger (`orchestrator.ledger`)
 and stores its rows; the summary (a JSON-ready dict) goes into `runs.summary`, `report.json`
 and a Markdown `report.md` in the run directory.
@@ -23,7 +22,6 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from core.stats import newcombe_difference, wilson
 from core.store.rollouts import finished_spans, finished_work, insert_ledger, kv_lag_by_trajectory
 from core.store.store import Store
 from orchestrator.ledger import Generated, LedgerRow, Skew, build_ledger
@@ -62,19 +60,24 @@ def rollout_dynamics(store: Store, run_id: str) -> dict[str, Any]:
     }
 
 
-def held_out_gain(before: tuple[int, int], after: tuple[int, int]) -> dict[str, Any]:
-    """95% intervals of held-out success before and after RL and of the gain, from
-    (successes, instances) pairs."""
-    gain = newcombe_difference(before[0], before[1], after[0], after[1])
-    return {"before": wilson(*before).percent(), "after": wilson(*after).percent(),
-            "gain": gain.percent(), "gain_excludes_zero": gain.excludes_zero(),
-            "gain_low": round(gain.low, 4), "gain_high": round(gain.high, 4)}
-
-
 def store_ledger(store: Store, run_id: str) -> tuple[list[LedgerRow], Skew]:
     rows, skew = build_ledger(generated_work(store, run_id))
     insert_ledger(store, run_id, [asdict(r) for r in rows], computed_at=time.time())
     return rows, skew
+
+
+def evaluation_table(evaluations: list[dict[str, Any]]) -> list[str]:
+    """report.md's evaluations: one row each, failures of every kind shown."""
+    if not evaluations:
+        return []
+    lines = ["", "## evaluations (infrastructure errors and aborts count as failures)", "",
+             "| label | policy version | split | instances | distinct | solved | success | "
+             "infrastructure errors | aborted | mean reward |", "|" + "---|" * 10]
+    for e in evaluations:
+        lines.append(f"| {e['label']} | {e['policy_version']} | {e['split']} | {e['instances']} "
+                     f"| {e['distinct']} | {e['solved']} | {100 * e['success_rate']:.1f}% | "
+                     f"{e['infra_errors']} | {e['aborted']} | {e['mean_reward']:.3f} |")
+    return lines
 
 
 def write_report(summary: dict[str, Any], ledger: list[LedgerRow], run_dir: Path,
@@ -86,8 +89,9 @@ def write_report(summary: dict[str, Any], ledger: list[LedgerRow], run_dir: Path
          "ledger": [asdict(r) for r in ledger]}, indent=2, default=str))
     lines = [f"# stalewise run {summary['run_id']}", ""]
     for key, value in summary.items():
-        if not isinstance(value, dict):
+        if not isinstance(value, (dict, list)):
             lines.append(f"- **{key}**: {value}")
+    lines += evaluation_table(summary.get("evaluations", []))
     for key, value in summary.items():
         if isinstance(value, dict):
             lines += ["", f"## {key}", ""] + [f"- {k}: {v}" for k, v in value.items()]

@@ -6,11 +6,14 @@ Guarantees:
   difficulty), so a changed task under an old key is detected;
 - a `TaskFamily` makes instance `index` of a split deterministically and names it with the
   stable key `family/split/index`; `by_key` rebuilds the same instance from its key;
-- held out means held out: a family with a `split_key` (what makes two instances the same
-  task, e.g. arith's expression) puts every split key in exactly one of train and eval, by a
-  hash (`split_of`), and `instance` refuses an instance whose key belongs to the other split;
-  families draw candidates until one fits with `draw_in_split`. Demonstrations (the SFT warm
-  start) come from the train split only;
+- three splits, disjoint by construction: `train` (RL and demonstrations), `validation`
+  (checkpoint selection and every tuning decision) and `test` (only the figures a job
+  reports). A family with a `split_key` (what makes two instances the same task, e.g. arith's
+  expression) puts every split key in exactly one split by a fixed hash (`SplitShares.of`),
+  and `instance` refuses an instance whose key belongs to another split; families draw
+  candidates until one fits with `draw_in_split`. Demonstrations come from `train` only. A
+  family without a split key (a folder of Harbor tasks, a user's family) is not held out:
+  `held_out` says so, and the job's summary with it;
 - `hidden_files` reach the sandbox only at verification (the agent loop writes them then);
   `data` holds facts for tools and verifiers (an expected answer) and is never shown to the model.
 """
@@ -139,31 +142,53 @@ T = TypeVar("T")
 MAX_SPLIT_DRAWS = 10_000
 
 
-def split_of(family: str, split_key: str, eval_share: float) -> str:
-    """"eval" or "train" for a task identity: a fixed hash of (family, key), so the same
-    identity lands in the same split on every machine and in every run."""
-    digest = hashlib.sha256(f"{family}\0{split_key}".encode()).digest()
-    return "eval" if int.from_bytes(digest[:8], "big") / 2**64 < eval_share else "train"
+SPLITS = ("train", "validation", "test")
 
 
-def draw_in_split(family: str, split: str, eval_share: float, rng: random.Random,
+@dataclass(frozen=True)
+class SplitShares:
+    """Which share of all task identities is validation-only and which test-only (the rest is
+    train). The assignment is a fixed hash of (family, split key), so an identity lands in the
+    same split on every machine and in every run, and changing one share never moves an
+    identity between the other two."""
+
+    validation: float = 0.1
+    test: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.validation < 1.0 and 0.0 < self.test < 1.0
+                and self.validation + self.test < 1.0):
+            raise ValueError(f"split shares need 0 < validation_share, 0 < test_share and "
+                             f"validation_share + test_share < 1 (the rest is train), got "
+                             f"{self.validation}, {self.test}")
+
+    def of(self, family: str, split_key: str) -> str:
+        """The split of a task identity: "train", "validation" or "test"."""
+        digest = hashlib.sha256(f"{family}\0{split_key}".encode()).digest()
+        u = int.from_bytes(digest[:8], "big") / 2**64
+        return "test" if u < self.test else "validation" if u < self.test + self.validation \
+            else "train"
+
+
+def draw_in_split(family: str, split: str, shares: SplitShares, rng: random.Random,
                   candidate: Callable[[random.Random], T], key: Callable[[T], str]) -> T:
     """The first candidate drawn from `rng` whose split key belongs to `split`."""
     for _ in range(MAX_SPLIT_DRAWS):
         made = candidate(rng)
-        if split_of(family, key(made), eval_share) == split:
+        if shares.of(family, key(made)) == split:
             return made
     raise ValueError(f"family {family}: no {split} instance in {MAX_SPLIT_DRAWS} draws; the "
-                     f"task space is too small for eval_share = {eval_share}")
+                     f"task space is too small for {shares}")
 
 
 class TaskFamily:
     """A deterministic, indexable source of task instances (and their demonstrations)."""
 
     def __init__(self, name: str, make: MakeFn, *, demonstrate: DemoFn | None = None,
-                 size: int | None = None, splits: Sequence[str] = ("train", "eval"),
+                 size: int | None = None, splits: Sequence[str] = SPLITS,
                  description: str = "", options: Mapping[str, Any] | None = None,
-                 split_key: SplitKeyFn | None = None, eval_share: float = 0.2) -> None:
+                 split_key: SplitKeyFn | None = None,
+                 shares: SplitShares = SplitShares()) -> None:
         if not name or "/" in name:
             raise ValueError(f"family name {name!r} must be non-empty and contain no '/'")
         self.name = name
@@ -173,12 +198,11 @@ class TaskFamily:
         self.splits = tuple(splits)
         self.description = description
         self.options = dict(options or {})
-        if split_key is not None and (set(self.splits) != {"train", "eval"}
-                                      or not 0.0 < eval_share < 1.0):
-            raise ValueError(f"family {name}: a split_key needs splits ('train', 'eval') and "
-                             f"0 < eval_share < 1, got {self.splits}, {eval_share}")
+        if split_key is not None and self.splits != SPLITS:
+            raise ValueError(f"family {name}: a split_key needs the splits {SPLITS}, got "
+                             f"{self.splits}")
         self.split_key = split_key
-        self.eval_share = eval_share
+        self.shares = shares
 
     def instance(self, index: int, split: str = "train") -> TaskInstance:
         if split not in self.splits:
@@ -190,13 +214,18 @@ class TaskFamily:
             raise TypeError(f"family {self.name}: make() returned {type(made).__name__}, "
                             "expected a TaskInstance")
         if self.split_key is not None:
-            home = split_of(self.name, self.split_key(made), self.eval_share)
+            home = self.shares.of(self.name, self.split_key(made))
             if home != split:
                 raise ValueError(
                     f"family {self.name}: {split} instance {index} has split key "
                     f"{self.split_key(made)!r}, which belongs to the {home} split; draw "
-                    f"instances with tasks.api.draw_in_split so train and eval stay disjoint")
+                    f"instances with tasks.api.draw_in_split so the splits stay disjoint")
         return dataclasses.replace(made, family=self.name, key=f"{self.name}/{split}/{index}")
+
+    @property
+    def held_out(self) -> bool:
+        """Whether the splits are disjoint by construction (the family has a split key)."""
+        return self.split_key is not None
 
     def instances(self, split: str = "train", start: int = 0,
                   count: int | None = None) -> Iterator[TaskInstance]:
@@ -225,7 +254,7 @@ class TaskFamily:
                        seed: int = 0) -> list[Demonstration]:
         """`count` demonstrations of train instances start.., exactly
         round(count*wrong_fraction) of them deliberately wrong (chosen at random with `seed`);
-        never of eval instances."""
+        never of validation or test instances."""
         split = "train"
         if not 0.0 <= wrong_fraction <= 1.0:
             raise ValueError(f"wrong_fraction must be in [0, 1], got {wrong_fraction}")

@@ -7,8 +7,9 @@ folder of task folders (every sub-folder with a `task.toml`, sorted by name).
 Guarantees:
 - every task is read and checked when the family is built, so a bad folder stops a job before
   it starts with one line (`HarborTaskError`) naming the task, the problem and the fix;
-- instance `i` is the `i`-th task (`size` = number of tasks; the train and eval splits hold the
-  same tasks); its prompt is `instruction.md` verbatim; its tools are `bash`, `read_file`,
+- instance `i` is the `i`-th task (`size` = number of tasks; the train, validation and test
+  splits hold the same tasks, so the family is not held out: `held_out` is false and a job's
+  summary says so); its prompt is `instruction.md` verbatim; its tools are `bash`, `read_file`,
   `write_file` plus the job's extra tools;
 - the sandbox image is built from `environment/` by the Docker backend when missing, tagged by
   the content hash of that folder and the `FROM` substitutions (`base_image_map`), so an

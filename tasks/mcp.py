@@ -577,7 +577,8 @@ def with_tools(family: TaskFamily, tools: Sequence[Tool]) -> TaskFamily:
     make(0, family.splits[0])  # a name clash shows now, not mid-job
     return TaskFamily(family.name, make, demonstrate=demonstrate, size=family.size,
                       splits=family.splits, description=family.description,
-                      options=family.options)
+                      options=family.options, split_key=family.split_key,
+                      shares=family.shares)
 
 
 class _NoSandbox:

@@ -16,11 +16,11 @@ def _when(stamp: float | None) -> str:
 
 
 def _eval_cell(evals: list[dict[str, Any]], label: str) -> str:
-    row = next((e for e in evals if e.get("label") == label), None)
+    row = next((e for e in reversed(evals) if e["label"] == label and e["instances"]), None)
     if row is None:
         return "–"
     lo, hi = row["success_interval"]
-    return esc(f"{row['success_rate']:.2f} [{lo:.2f}, {hi:.2f}] (v{row['version']})")
+    return esc(f"{row['success_rate']:.2f} [{lo:.2f}, {hi:.2f}] (v{row['policy_version']})")
 
 
 def runs_page(store: Store) -> str:
@@ -78,12 +78,14 @@ def _lag_charts(lags: dict[str, dict[int, int]]) -> str:
 def _eval_table(evals: list[dict[str, Any]]) -> str:
     if not evals:
         return "<p>No evaluation in this run.</p>"
-    rows = [[esc(e.get("label", "")), esc(e["version"]), esc(e["instances"]),
-             fmt(e["success_rate"], 3),
-             esc("[{:.3f}, {:.3f}]".format(*e["success_interval"])), fmt(e["mean_reward"], 3),
-             esc("[{:.3f}, {:.3f}]".format(*e["reward_interval"]))] for e in evals]
-    return table(["", "policy version", "instances", "success", "95% interval", "mean reward",
-                  "95% interval"], rows, css="evals")
+    rows = [[esc(e["label"]), esc(e["policy_version"]), esc(e["split"]), esc(e["instances"]),
+             esc(e["distinct"]), fmt(e["success_rate"], 3),
+             esc("[{:.3f}, {:.3f}]".format(*e["success_interval"]) if e["success_interval"]
+                 else "–"), esc(e["infra_errors"]), esc(e["aborted"]), fmt(e["mean_reward"], 3)]
+            for e in evals]
+    return table(["", "policy version", "split", "instances", "distinct", "success",
+                  "95% interval", "infrastructure errors", "aborted", "mean reward"], rows,
+                 css="evals")
 
 
 def _ledger(ledger: list[dict[str, Any]], skew: dict[str, Any] | None) -> str:

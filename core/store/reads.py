@@ -1,6 +1,5 @@
 """Small reads that the CLI commands, exports and the viewer share (the store's SQL, so that
-none of them writes a query of its own): a run by name, a run's evaluation rewards and the
-extent of its RL phase, its trajectories' ids and task instances, and one trajectory's
+none of them writes a query of its own): a run by name, the extent of its RL phase, its trajectories' ids and task instances, and one trajectory's
 admission decisions."""
 
 from __future__ import annotations
@@ -19,14 +18,6 @@ def latest_run_named(store: Store, name: str) -> str | None:
     with store.engine.connect() as c:
         return c.execute(select(runs.c.id).where(runs.c.name == name)
                          .order_by(runs.c.created_at.desc()).limit(1)).scalar()
-
-
-def eval_rewards(store: Store, run_id: str) -> list[float | None]:
-    """The rewards of the run's evaluation trajectories, in id order (None: no reward)."""
-    t = s.Trajectory.__table__
-    with store.engine.connect() as c:
-        return [r for (r,) in c.execute(select(t.c.reward).where(
-            t.c.run_id == run_id, t.c.purpose == "eval").order_by(t.c.id))]
 
 
 def rl_phase(store: Store, run_id: str) -> tuple[float | None, float | None, int, float | None]:

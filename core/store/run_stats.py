@@ -8,7 +8,6 @@ version the admission decision expected to train them, so it is the lag the lear
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Any
 
@@ -19,8 +18,6 @@ from core.records import INT32, unpack
 from core.store import schema as s
 from core.store.store import Store
 
-SUCCESS = 0.999  # a reward at or above this counts as solved (as in the evaluation)
-Z95 = 1.959964
 
 
 def throughput(store: Store, run_id: str, buckets: int = 30) -> list[dict[str, float]]:
@@ -96,37 +93,12 @@ def bias_ledger(store: Store, run_id: str) -> list[dict[str, Any]]:
         return [{k: v for k, v in r._mapping.items() if k not in ("id", "run_id")} for r in rows]
 
 
-def _wilson(successes: int, n: int) -> tuple[float, float]:
-    if n == 0:
-        return (0.0, 0.0)
-    p, z2 = successes / n, Z95 * Z95
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
 def evaluations(store: Store, run_id: str) -> list[dict[str, Any]]:
-    """Evaluation trajectories per policy version: success rate with a 95% Wilson interval and
-    mean reward with a 95% normal interval. The first is "before", the last "after"."""
-    t = s.Trajectory.__table__
-    query = (select(t.c.dispatch_version, t.c.reward, t.c.status)
-             .where(t.c.run_id == run_id, t.c.purpose == "eval",
-                    t.c.status.notin_(("queued", "running", "aborted", "infra_error"))))
-    by_version: dict[int, list[float]] = {}
-    with store.engine.connect() as c:
-        for r in c.execute(query):
-            by_version.setdefault(r.dispatch_version, []).append(r.reward or 0.0)
+    """The run's evaluation records (`core.evaluation`, the same numbers the job summary and
+    compare print) with the success rate's Wilson 95% interval."""
     out = []
-    for version, rewards in sorted(by_version.items()):
-        n = len(rewards)
-        mean = sum(rewards) / n
-        sd = math.sqrt(sum((x - mean) ** 2 for x in rewards) / (n - 1)) if n > 1 else 0.0
-        solved = sum(r >= SUCCESS for r in rewards)
-        out.append(dict(version=version, instances=n, success_rate=solved / n,
-                        success_interval=_wilson(solved, n), mean_reward=mean,
-                        reward_interval=(mean - Z95 * sd / math.sqrt(n),
-                                         mean + Z95 * sd / math.sqrt(n))))
-    for row, label in ((out[:1], "before"), (out[-1:], "after")):
-        for r in row:
-            r.setdefault("label", label)
+    for evaluation in store.evaluations(run_id):
+        interval = evaluation.interval() if evaluation.instances else None
+        out.append({**evaluation.as_dict(),
+                    "success_interval": (interval.low, interval.high) if interval else None})
     return out

@@ -302,3 +302,24 @@ class TrainerLogprobs(Base):
     num_tokens: Mapped[int] = mapped_column(Integer)
     logprobs: Mapped[bytes] = mapped_column(LargeBinary)  # float32 (num_tokens,)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class EvaluationRow(Base):
+    """One evaluation of a run as numbers (`core.evaluation.Evaluation`): every reader — the
+    job summary, report.md, the viewer, `compare` — takes its figures from here. Infrastructure
+    errors and aborted trajectories are failures in `solved`'s rate and are counted beside it."""
+
+    __tablename__ = "evaluations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    label: Mapped[str] = mapped_column(String(32))  # before | after
+    policy_version: Mapped[int] = mapped_column(Integer)
+    split: Mapped[str] = mapped_column(String(16))  # the family split it read (test)
+    instances: Mapped[int] = mapped_column(Integer)  # trajectories started
+    distinct: Mapped[int] = mapped_column(Integer)  # different task identities among them
+    solved: Mapped[int] = mapped_column(Integer)
+    infra_errors: Mapped[int] = mapped_column(Integer)
+    aborted: Mapped[int] = mapped_column(Integer)
+    mean_reward: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)

@@ -18,13 +18,15 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from dataclasses import fields as dataclass_fields
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 from sqlalchemy import Connection, Engine, bindparam, func, insert, select, text, update
 from sqlalchemy.exc import DBAPIError
 
+from core.evaluation import Evaluation
 from core.records import FLOAT32, INT32, UINT8, SampledTokens, pack, unpack
 from core.store import schema as s
 from core.store.db import DEFAULT_URL, normalize_url, open_readonly_engine, open_store_engine
@@ -506,6 +508,21 @@ class Store:
         with self.engine.connect() as c:
             return list(c.execute(select(table).where(table.c.run_id == run_id)
                                   .order_by(table.c.step)))
+
+    # ---------------------------------------------------------------- evaluations
+    def record_evaluation(self, run_id: str, evaluation: Evaluation) -> None:
+        with self.engine.begin() as c:
+            c.execute(insert(s.EvaluationRow.__table__).values(
+                run_id=run_id, created_at=now(), **asdict(evaluation)))
+
+    def evaluations(self, run_id: str) -> list[Evaluation]:
+        """The run's evaluations in the order they were recorded."""
+        table = s.EvaluationRow.__table__
+        fields = [f.name for f in dataclass_fields(Evaluation)]
+        with self.engine.connect() as c:
+            rows = c.execute(select(*(table.c[name] for name in fields))
+                             .where(table.c.run_id == run_id).order_by(table.c.id))
+            return [Evaluation(**r._mapping) for r in rows]
 
     # ---------------------------------------------------------------- trainer log-probs
     def model_call_layout(self, trajectory_ids: Sequence[int]

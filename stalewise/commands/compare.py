@@ -4,11 +4,14 @@
 Runs each job (each seed in turn, one after another, so they never compete for the machine) on
 the same workload, budget and store, then writes, in DIR:
 
-- `compare.md` and `compare.json`: one row per run with held-out success before and after RL
-  (Wilson 95% intervals) and the gain (Newcombe 95% interval), RL wall seconds, sampled
-  tokens, and the diagnostics read from the store: mean / max token lag, IS effective sample
-  size, k3 KL to the sampler, clip fractions, the share of trajectories spanning several
-  weights versions, and the selection skew (difficulty and duration TV, excluded token share);
+- `compare.md` and `compare.json`: one row per run with test success before and after RL
+  (Wilson 95% intervals, from the runs' evaluation records) and the gain (Newcombe 95%
+  interval), RL wall seconds, sampled tokens, and the diagnostics read from the store: mean /
+  max token lag, IS effective sample size, k3 KL to the sampler, clip fractions, the share of
+  trajectories spanning several weights versions, and the selection skew (difficulty and
+  duration TV, excluded token share); then one row per recipe over its seeds (success after RL
+  and the gain as mean, min, max and standard deviation) and the ranking that spread allows
+  (`orchestrator.comparison.ranking`: nothing is ranked on one seed);
 - `success-vs-seconds.{png,svg}` and `success-vs-tokens.{png,svg}`: held-out success against
   RL wall-clock seconds and against sampled tokens, one line per run, 95% bars.
 
@@ -33,7 +36,7 @@ from typing import Any
 
 import typer
 
-from orchestrator.comparison import Comparison
+from orchestrator.comparison import Comparison, ranking, recipe_spread
 from stalewise.commands.run import check_family_or_exit, load_or_exit
 
 
@@ -95,8 +98,27 @@ def table_row(row: dict[str, Any]) -> list[str]:
                               "duration_tv", "excluded_token_share")]
 
 
+def spread_lines(spread: list[dict[str, Any]]) -> list[str]:
+    """compare.md's table per recipe over seeds, and the ranking the spread allows."""
+    pct = lambda s, k: "-" if s is None or s[k] is None else f"{100 * s[k]:.1f}"  # noqa: E731
+    lines = ["", "## Per recipe, over seeds", "",
+             "| recipe | seeds | after RL: mean [min, max], sd | gain: mean [min, max], sd | "
+             "gains outside the noise |", "|---|---|---|---|---|"]
+    for r in spread:
+        cell = lambda s: "-" if s is None else (  # noqa: E731
+            f"{pct(s, 'mean')}% [{pct(s, 'min')}, {pct(s, 'max')}], sd {pct(s, 'sd')}")
+        lines.append(f"| {r['recipe']} | {r['seeds']} | {cell(r['after'])} | "
+                     f"{cell(r['gain'])} | {r['gains_outside_noise']} of {r['finished']} |")
+    ranked = ranking(spread)
+    lines += ["", "Ranking (success after RL; a recipe is above another only where the "
+              "difference of seed means exceeds twice its standard error):", ""]
+    lines += [f"- {line}" for line in ranked] or ["- none: every recipe needs two seeds or more"]
+    return lines
+
+
 def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
-    (out / "compare.json").write_text(json.dumps(rows, indent=2, default=str))
+    (out / "compare.json").write_text(json.dumps(
+        {"runs": rows, "recipes": recipe_spread(rows)}, indent=2, default=str))
     lines = ["# stalewise compare", "", "| " + " | ".join(COLUMNS) + " |",
              "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(table_row(r)) + " |" for r in rows]
@@ -108,6 +130,7 @@ def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
     if shared:
         lines += ["", "Shared SFT warm starts (same checkpoint, so the same model before RL): "
                   + "; ".join(shared) + "."]
+    lines += spread_lines(recipe_spread(rows))
     reused = [f"{r['label']} uses {r['before_from']}'s" for r in rows if r.get("before_from")]
     if reused:
         lines += ["", "Shared evaluations before RL (same checkpoint, seed and evaluation "

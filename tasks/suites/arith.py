@@ -19,7 +19,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.api import TaskFamily, TaskInstance, draw_in_split
+from tasks.api import SplitShares, TaskFamily, TaskInstance, draw_in_split
 from tasks.builtin_tools import python
 from tasks.demos import Demonstration, DemoTurn
 from tasks.suites.common import answer_text, call_text, instance_rng, sandbox_spec, task_limits
@@ -75,21 +75,22 @@ VERIFIER = Rubric(Component("exact", exact_answer, 1.0),
                   Component("answer_tag", gave_answer, 0.0))
 
 
-def family(*, max_ops: int = 3, max_value: int = 9, seed: int = 0, eval_share: float = 0.2,
+def family(*, max_ops: int = 3, max_value: int = 9, seed: int = 0, validation_share: float = 0.1, test_share: float = 0.2,
            image: str = "stalewise-base:latest", limits: Mapping[str, Any] | None = None,
            sandbox_limits: Mapping[str, Any] | None = None) -> TaskFamily:
     """The arith family. `limits` / `sandbox_limits` override TaskLimits / SandboxLimits fields.
 
-    Train and eval are disjoint by expression: `eval_share` of all expressions (by a fixed
-    hash of the text) are eval-only, the rest train-only."""
+    The splits are disjoint by expression: `validation_share` of all expressions (by a fixed
+    hash of the text) are validation-only, `test_share` test-only, the rest train-only."""
     if max_ops < 1 or max_value < 1:
         raise ValueError(f"arith needs max_ops >= 1 and max_value >= 1, got {max_ops}, {max_value}")
+    shares = SplitShares(validation_share, test_share)
     task_limits_ = task_limits(LIMIT_DEFAULTS, limits)
     spec = sandbox_spec(image, SANDBOX_DEFAULTS, sandbox_limits)
 
     def make(index: int, split: str) -> TaskInstance:
         rng = instance_rng(NAME, seed, split, index)
-        ops, text = draw_in_split(NAME, split, eval_share, rng,
+        ops, text = draw_in_split(NAME, split, shares, rng,
                                   lambda r: _draw(r, max_ops, max_value), key=lambda c: c[1])
         return TaskInstance(
             prompt=f"Compute {text} with python.", tools=(python,), verifier=VERIFIER,
@@ -110,8 +111,8 @@ def family(*, max_ops: int = 3, max_value: int = 9, seed: int = 0, eval_share: f
     return TaskFamily(NAME, make, demonstrate=demonstrate,
                       description="integer expressions computed with a python tool",
                       options=dict(max_ops=max_ops, max_value=max_value, seed=seed,
-                                   eval_share=eval_share, image=image),
-                      split_key=lambda task: task.data["expression"], eval_share=eval_share)
+                                   validation_share=validation_share, test_share=test_share, image=image),
+                      split_key=lambda task: task.data["expression"], shares=shares)
 
 
 def _draw(rng: random.Random, max_ops: int, max_value: int) -> tuple[int, str]:

@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.api import TaskFamily, TaskInstance, draw_in_split
+from tasks.api import SplitShares, TaskFamily, TaskInstance, draw_in_split
 from tasks.builtin_tools import bash, write_file
 from tasks.demos import Demonstration, DemoTurn
 from tasks.suites.codefix_bugs import BUGS, Bug, run
@@ -105,20 +105,22 @@ class HiddenTestsVerifier:
                                  "total": float(total)})
 
 
-def family(*, seed: int = 0, tests: int = 6, eval_share: float = 0.25,
-           image: str = "stalewise-base:latest",
+def family(*, seed: int = 0, tests: int = 6, validation_share: float = 0.15,
+           test_share: float = 0.25, image: str = "stalewise-base:latest",
            limits: Mapping[str, Any] | None = None,
            sandbox_limits: Mapping[str, Any] | None = None) -> TaskFamily:
-    """The codefix family; `tests` hidden tests per instance (at least 2). Train and eval are
-    disjoint by (function, module): `eval_share` of the pairs are eval-only."""
+    """The codefix family; `tests` hidden tests per instance (at least 2). The splits are
+    disjoint by (function, module): `validation_share` of the pairs are validation-only,
+    `test_share` test-only."""
     if tests < 2:
         raise ValueError(f"codefix needs tests >= 2 (one failing, one passing), got {tests}")
+    shares = SplitShares(validation_share, test_share)
     task_limits_ = task_limits(LIMIT_DEFAULTS, limits)
     verifier = HiddenTestsVerifier()
 
     def make(index: int, split: str) -> TaskInstance:
         rng = instance_rng(NAME, seed, split, index)
-        bug, module = draw_in_split(NAME, split, eval_share, rng,
+        bug, module = draw_in_split(NAME, split, shares, rng,
                                     lambda r: (r.choice(BUGS), r.choice(MODULES)),
                                     key=lambda c: f"{c[0].name}@{c[1]}")
         buggy = f'"""Small helpers."""\n\n\n{bug.source(False)}'
@@ -150,6 +152,6 @@ def family(*, seed: int = 0, tests: int = 6, eval_share: float = 0.25,
 
     return TaskFamily(NAME, make, demonstrate=demonstrate,
                       description="fix a planted bug in a small Python module",
-                      options=dict(seed=seed, tests=tests, eval_share=eval_share, image=image),
+                      options=dict(seed=seed, tests=tests, validation_share=validation_share, test_share=test_share, image=image),
                       split_key=lambda task: f"{task.data['function']}@{task.data['module']}",
-                      eval_share=eval_share)
+                      shares=shares)

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import anyio
 
-from tasks.api import TaskFamily, TaskInstance, draw_in_split
+from tasks.api import SplitShares, TaskFamily, TaskInstance, draw_in_split
 from tasks.demos import Demonstration, DemoTurn
 from tasks.suites.common import answer_text, call_text, instance_rng, sandbox_spec, task_limits
 from tasks.tools import Tool, ToolContext, ToolError, tool
@@ -121,7 +121,8 @@ VERIFIER = Rubric(Component("last_key", last_key, 1.0), Component("steps", steps
 def family(*, min_k: int = 1, max_k: int = 30, latency_median_s: float = 0.5,
            latency_sigma: float = 1.0, latency_max_s: float = 60.0,
            latency_in: Literal["tool", "sandbox"] = "tool",
-           bucket_edges: Sequence[int] = (1, 3, 8, 16), seed: int = 0, eval_share: float = 0.2,
+           bucket_edges: Sequence[int] = (1, 3, 8, 16), seed: int = 0,
+           validation_share: float = 0.1, test_share: float = 0.2,
            image: str = "stalewise-base:latest", limits: Mapping[str, Any] | None = None,
            sandbox_limits: Mapping[str, Any] | None = None) -> TaskFamily:
     """The longhaul family; see the module docstring for the options."""
@@ -135,6 +136,7 @@ def family(*, min_k: int = 1, max_k: int = 30, latency_median_s: float = 0.5,
                     context_length=max(1024, 128 * (max_k + 3)),
                     wall_time_s=600.0 + (max_k + 3) * latency_max_s,
                     tool_timeout_s=latency_max_s + 60.0, max_observation_chars=256)
+    shares = SplitShares(validation_share, test_share)
     task_limits_ = task_limits(defaults, limits)
     spec = sandbox_spec(image, SANDBOX_DEFAULTS, sandbox_limits)
     step = make_step_tool(latency_median_s, latency_sigma, latency_max_s, latency_in)
@@ -144,7 +146,7 @@ def family(*, min_k: int = 1, max_k: int = 30, latency_median_s: float = 0.5,
 
     def make(index: int, split: str) -> TaskInstance:
         rng = instance_rng(NAME, seed, split, index)
-        k, keys = draw_in_split(NAME, split, eval_share, rng, draw, key=lambda c: c[1][0])
+        k, keys = draw_in_split(NAME, split, shares, rng, draw, key=lambda c: c[1][0])
         return TaskInstance(
             prompt=f"Follow the chain from {keys[0]} with step; answer the last key.",
             tools=(step,), verifier=VERIFIER, sandbox=spec, limits=task_limits_,
@@ -169,5 +171,5 @@ def family(*, min_k: int = 1, max_k: int = 30, latency_median_s: float = 0.5,
                       options=dict(min_k=min_k, max_k=max_k, latency_median_s=latency_median_s,
                                    latency_sigma=latency_sigma, latency_max_s=latency_max_s,
                                    latency_in=latency_in, bucket_edges=list(bucket_edges),
-                                   seed=seed, eval_share=eval_share, image=image),
-                      split_key=lambda task: task.data["chain"][0], eval_share=eval_share)
+                                   seed=seed, validation_share=validation_share, test_share=test_share, image=image),
+                      split_key=lambda task: task.data["chain"][0], shares=shares)

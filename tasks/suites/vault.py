@@ -21,8 +21,9 @@ calls; each door also waits a heavy-tailed time inside the sandbox (lognormal,
 `delay_median_s`, `delay_sigma`, capped at `delay_max_s`, a pure function of the task and the
 door), so durations differ by orders of magnitude between levels and within one.
 
-Train and eval instances are disjoint by construction: the split key is the first door, and a
-door belongs to exactly one split (`tasks.api.split_of`: a fixed hash, `eval_share` of them eval).
+The train, validation and test splits are disjoint by construction: the split key is the first
+door, and a door belongs to exactly one split (`tasks.api.SplitShares`: a fixed hash,
+`validation_share` of the doors validation-only, `test_share` test-only).
 Demonstrations come from the train split only; a deliberately wrong one stops early and answers
 the last door it saw, which is the mistake RL has to unlearn.
 """
@@ -35,7 +36,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tasks.api import TaskFamily, TaskInstance, draw_in_split
+from tasks.api import SplitShares, TaskFamily, TaskInstance, draw_in_split
 from tasks.demos import Demonstration, DemoTurn
 from tasks.suites.common import answer_text, call_text, instance_rng, sandbox_spec, task_limits
 from tasks.suites.longhaul import stable_normal
@@ -65,9 +66,9 @@ def code(rng: random.Random) -> str:
     return f"{rng.getrandbits(4 * CODE_CHARS):0{CODE_CHARS}x}"
 
 
-def doors_for(rng: random.Random, split: str, depth: int, eval_share: float) -> list[str]:
+def doors_for(rng: random.Random, split: str, depth: int, shares: SplitShares) -> list[str]:
     """`depth` distinct doors, the first of them (the split key) in `split`."""
-    doors = [draw_in_split(NAME, split, eval_share, rng, code, key=lambda door: door)]
+    doors = [draw_in_split(NAME, split, shares, rng, code, key=lambda door: door)]
     while len(doors) < depth:
         candidate = code(rng)
         if candidate not in doors:
@@ -137,7 +138,7 @@ def verifier(progress_reward: float) -> Rubric:
 
 def family(*, depths: Sequence[int] = (6, 10, 16), delay_median_s: float = 0.0,
            delay_sigma: float = 1.0, delay_max_s: float = 10.0, seed: int = 0,
-           eval_share: float = 0.25, progress_reward: float = 0.0,
+           validation_share: float = 0.1, test_share: float = 0.25, progress_reward: float = 0.0,
            image: str = "stalewise-base:latest", limits: Mapping[str, Any] | None = None,
            sandbox_limits: Mapping[str, Any] | None = None) -> TaskFamily:
     """The vault family: `depths` are the difficulty levels (doors per instance, each >= 6),
@@ -153,6 +154,7 @@ def family(*, depths: Sequence[int] = (6, 10, 16), delay_median_s: float = 0.0,
     if not 0.0 <= progress_reward < 1.0:
         raise ValueError(f"vault progress_reward is the share of the reward paid per door "
                          f"opened, in [0, 1); got {progress_reward}")
+    shares = SplitShares(validation_share, test_share)
     rubric = verifier(progress_reward)
     deepest = levels[-1]
     defaults = dict(max_turns=deepest + 3, max_generated_tokens=64 * (deepest + 3),
@@ -166,7 +168,7 @@ def family(*, depths: Sequence[int] = (6, 10, 16), delay_median_s: float = 0.0,
     def make(index: int, split: str) -> TaskInstance:
         rng = instance_rng(NAME, seed, split, index)
         depth = rng.choice(levels)
-        doors = doors_for(rng, split, depth, eval_share)
+        doors = doors_for(rng, split, depth, shares)
         gold = f"{rng.randrange(10000):04d}"  # four digits: never a door
         spec = sandbox_spec(image, SANDBOX_DEFAULTS, sandbox_limits,
                             files=maze_files(doors, gold))
@@ -191,6 +193,6 @@ def family(*, depths: Sequence[int] = (6, 10, 16), delay_median_s: float = 0.0,
                       description="walk depth doors kept in the sandbox, answer the gold",
                       options=dict(depths=levels, delay_median_s=delay_median_s,
                                    delay_sigma=delay_sigma, delay_max_s=delay_max_s, seed=seed,
-                                   eval_share=eval_share, progress_reward=progress_reward,
+                                   validation_share=validation_share, test_share=test_share, progress_reward=progress_reward,
                                    image=image),
-                      split_key=lambda task: str(task.data["doors"][0]), eval_share=eval_share)
+                      split_key=lambda task: str(task.data["doors"][0]), shares=shares)

@@ -107,8 +107,8 @@ def test_sft_on_a_task_suite(workdir):
         "5e-3",
     )
     assert "sft on 4 demonstrations" in out and (workdir / "sft-arith" / "config.json").exists()
-    check = next(line for line in out.splitlines() if line.startswith("held-out check"))
-    assert "of 64 eval instances with mean probability" in check
+    check = next(line for line in out.splitlines() if line.startswith("validation check"))
+    assert "of 64 validation instances with mean probability" in check
     assert float(check.split("mean probability ")[1].split("%")[0]) < 1.0, \
         "six SFT steps cannot make the tiny model reproduce held-out demonstrations"
 
@@ -177,9 +177,10 @@ def test_train_refuses_several_workers_and_names_the_fix(workdir):
     assert "workers = 2" in words and "set workers = 1" in words, result.output
 
 
-def test_sft_selection_scores_never_demonstrated_train_instances(workdir):
+def test_sft_selection_scores_validation_instances(workdir):
     """`sft.select_every` from a config file: the command prints every scored step and the kept
-    one, and stalewise.json records them; the held-out check still reads eval instances."""
+    one, and stalewise.json records them; the check of the kept checkpoint reads validation
+    instances too (tests/learner/test_warm_start_splits.py: which ones)."""
     config = workdir / "select.toml"
     config.write_text('[sft]\nbatch_size = 2\nlr = 5e-3\nselect_every = 2\nselect_instances = 8\n')
     out = _run("sft", str(workdir / "tiny"), "--out", str(workdir / "sft-select"),
@@ -193,8 +194,8 @@ def test_sft_selection_scores_never_demonstrated_train_instances(workdir):
     as_it_went = [line for line in out.splitlines() if "[select]" in line]
     assert [line.split()[1] for line in as_it_went] == ["2", "4", "5"]
     assert as_it_went[-1].endswith(f"{done['select_scores']['5']:.1%}")
-    assert "of 64 eval instances" in next(
-        line for line in out.splitlines() if line.startswith("held-out check"))
+    assert "of 64 validation instances" in next(
+        line for line in out.splitlines() if line.startswith("validation check"))
 
 
 def test_sft_retries_are_printed_and_recorded_with_their_settings(workdir):

@@ -41,7 +41,7 @@ def test_sft_lowers_the_loss_on_the_suite_demonstrations(tiny, suite, capsys):
 
 
 def test_loss_token_logprobs_sum_the_log_probabilities_of_the_demonstrated_turns(tiny):
-    """What the held-out check of `learner sft` exponentiates: per demonstration, the summed
+    """What the validation check of `learner sft` exponentiates: per demonstration, the summed
     log-probability of its loss tokens, the same in micro-batches of mixed lengths as alone."""
     learner = Learner(tiny, LearnerConfig())
     family = load_family("arith", {"max_ops": 3})

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import random
 import zlib
 from contextlib import asynccontextmanager
 
 from core.tiny_tokenizer import build_tiny_tokenizer
 from orchestrator.engines.scripted import LatencyModel, ScriptedEngine, ScriptedTurn
 from tasks import Component, Rubric, TaskFamily, TaskInstance, TaskLimits, ToolContext, tool
+from tasks.api import SplitShares, draw_in_split
 from tasks.chat import make_chat_format
 from tasks.testing import FakeSandbox
 
@@ -56,3 +58,18 @@ def coin_engine(latency: LatencyModel | None = None) -> ScriptedEngine:
 @asynccontextmanager
 async def fake_sandbox(spec, trajectory_id):
     yield FakeSandbox()
+
+
+def held_out_coin_family() -> TaskFamily:
+    """The coin family with three disjoint splits (its identity: the coin's number)."""
+    shares = SplitShares(validation=0.2, test=0.3)
+
+    def make(index: int, split: str) -> TaskInstance:
+        number = draw_in_split("held-coin", split, shares, random.Random(f"{split}:{index}"),
+                               lambda rng: rng.randrange(10**6), key=str)
+        return TaskInstance(prompt=f"coin {number}", tools=(flip,),
+                            verifier=Rubric(Component("heads", heads, 1.0)),
+                            limits=TaskLimits(max_turns=4, max_generated_tokens=256),
+                            data={"number": number}, difficulty=f"d{number % 2}")
+    return TaskFamily("held-coin", make, split_key=lambda task: str(task.data["number"]),
+                      shares=shares)

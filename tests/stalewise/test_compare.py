@@ -64,8 +64,10 @@ def test_compare_two_tiny_jobs(tmp_path):
         "compare", str(tiny_job(tmp_path, model, "sync")), str(tiny_job(tmp_path, model, "async")),
         "--budget", "8", "--first-seed", "3", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    rows = json.loads((out / "compare.json").read_text())
+    written = json.loads((out / "compare.json").read_text())
+    rows = written["runs"]
     assert [r["label"] for r in rows] == ["sync-s3", "async-s3"]
+    assert [(r["recipe"], r["seeds"]) for r in written["recipes"]] == [("sync", 1), ("async", 1)]
     # one warm start, made by the first run; the second starts RL from its checkpoint
     made = out / "runs" / rows[0]["run_id"] / "sft"
     assert (made / "config.json").exists() and "warm_start_from" not in rows[0]
@@ -87,7 +89,7 @@ def test_compare_two_tiny_jobs(tmp_path):
     assert rows[1]["before"] == rows[0]["before"] and "before_from" not in rows[0]
     assert eval_trajectories(out, rows[0]["run_id"]) == 8  # before and after
     assert eval_trajectories(out, rows[1]["run_id"]) == 4  # after only
-    assert "instances: after RL" in result.output and "tasks.eval_before = false" in result.output
+    assert "distinct): after RL" in result.output and "tasks.eval_before = false" in result.output
     for row in rows:
         assert row["exit_code"] == 0 and row["run_id"]
         assert row["before"][1] == row["after"][1] == 4
@@ -96,6 +98,7 @@ def test_compare_two_tiny_jobs(tmp_path):
     table = (out / "compare.md").read_text()
     assert "| sync-s3 |" in table and "| async-s3 |" in table and "IS ESS" in table
     assert "async-s3 from sync-s3's" in table and "async-s3 uses sync-s3's" in table
+    assert "| sync | 1 |" in table and "none: every recipe needs two seeds or more" in table
     for name in ("success-vs-seconds", "success-vs-tokens"):
         assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
         assert "<svg" in (out / f"{name}.svg").read_text()
@@ -122,3 +125,25 @@ def test_compare_refuses_a_warm_start_that_is_not_a_checkpoint(tmp_path):
                                       "--out", str(tmp_path / "out")])
     assert result.exit_code == 2 and "config.json missing" in result.output
     assert not (tmp_path / "out" / "compare.db").exists()
+
+
+def test_recipes_are_ranked_only_where_the_spread_between_seeds_allows_it():
+    from orchestrator.comparison import ranking, recipe_spread
+
+    def run(config, before, after):
+        return {"config": f"configs/{config}.toml", "before": (before, 100),
+                "after": (after, 100), "held_out_95": {"gain_excludes_zero": after - before > 14}}
+
+    rows = ([run("steady", 50, a) for a in (80, 81, 79)]
+            + [run("noisy", 50, a) for a in (95, 55, 70)]
+            + [run("low", 50, a) for a in (60, 61, 59)])
+    spread = {r["recipe"]: r for r in recipe_spread(rows)}
+    assert spread["steady"]["after"] == {"mean": 0.8, "min": 0.79, "max": 0.81, "sd": 0.01,
+                                         "n": 3}
+    assert spread["steady"]["gains_outside_noise"] == 3
+    assert spread["low"]["gains_outside_noise"] == 0
+    lines = ranking(list(spread.values()))
+    assert any(line.startswith("steady above low") for line in lines)
+    assert any(line.startswith("steady not separated from noisy") for line in lines)
+    assert any(line.startswith("noisy not separated from low") for line in lines)
+    assert ranking(recipe_spread([run("one", 50, 90), run("other", 50, 10)])) == []

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tasks.api import split_of
 from tasks.suites import vault
 
 
@@ -26,14 +25,14 @@ def test_levels_depths_and_files():
         assert task.limits.max_turns >= task.data["depth"] + 1
 
 
-def test_train_and_eval_are_disjoint_by_construction():
+def test_train_and_test_are_disjoint_by_construction():
     family = vault.family()
     train = [family.split_key(t) for t in family.instances("train", count=2000)]
-    evals = [family.split_key(t) for t in family.instances("eval", count=300)]
-    assert all(split_of("vault", k, family.eval_share) == "train" for k in train)
-    assert all(split_of("vault", k, family.eval_share) == "eval" for k in evals)
+    evals = [family.split_key(t) for t in family.instances("test", count=300)]
+    assert all(family.shares.of("vault", k) == "train" for k in train)
+    assert all(family.shares.of("vault", k) == "test" for k in evals)
     assert set(train).isdisjoint(evals)
-    assert len(set(evals)) > 250, "the eval set must not be a handful of repeated instances"
+    assert len(set(evals)) > 250, "the test set must not be a handful of repeated instances"
     demos = family.demonstrations(500, wrong_fraction=0.3)
     assert {family.split_key(d.task) for d in demos}.isdisjoint(evals)
 

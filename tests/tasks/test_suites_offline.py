@@ -31,7 +31,7 @@ def test_arith_values_and_buckets():
 def test_arith_instances_differ_by_split_and_seed():
     a = arith.family().instance(0, "train").data["expression"]
     texts = {arith.family(seed=s).instance(i, sp).data["expression"]
-             for s in (0, 1) for i in range(5) for sp in ("train", "eval")}
+             for s in (0, 1) for i in range(5) for sp in ("train", "test")}
     assert len(texts) > 10 and a in texts
 
 

@@ -26,8 +26,8 @@ def make(index: int, split: str) -> TaskInstance:
 
 def test_keys_are_stable_and_by_key_rebuilds_the_same_instance():
     family = TaskFamily("demo", make, size=5)
-    task = family.instance(3, "eval")
-    assert task.key == "demo/eval/3" and task.family == "demo"
+    task = family.instance(3, "test")
+    assert task.key == "demo/test/3" and task.family == "demo"
     again = family.by_key(task.key)
     assert again.content_hash == task.content_hash
     assert [t.key for t in family.instances("train", start=3)] == ["demo/train/3",
@@ -35,7 +35,7 @@ def test_keys_are_stable_and_by_key_rebuilds_the_same_instance():
     with pytest.raises(IndexError):
         family.instance(5)
     with pytest.raises(ValueError, match="splits"):
-        family.instance(0, "test")
+        family.instance(0, "eval")
     with pytest.raises(ValueError, match="of the form"):
         family.by_key("other/train/1")
 

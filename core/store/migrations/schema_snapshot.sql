@@ -38,6 +38,23 @@ CREATE TABLE bias_ledger (
 	CONSTRAINT fk_bias_ledger_run_id_runs FOREIGN KEY(run_id) REFERENCES runs (id) ON DELETE CASCADE
 );
 
+CREATE TABLE evaluations (
+	id INTEGER NOT NULL,
+	run_id VARCHAR(64) NOT NULL,
+	label VARCHAR(32) NOT NULL,
+	policy_version INTEGER NOT NULL,
+	split VARCHAR(16) NOT NULL,
+	instances INTEGER NOT NULL,
+	"distinct" INTEGER NOT NULL,
+	solved INTEGER NOT NULL,
+	infra_errors INTEGER NOT NULL,
+	aborted INTEGER NOT NULL,
+	mean_reward FLOAT NOT NULL,
+	created_at FLOAT NOT NULL,
+	CONSTRAINT pk_evaluations PRIMARY KEY (id),
+	CONSTRAINT fk_evaluations_run_id_runs FOREIGN KEY(run_id) REFERENCES runs (id) ON DELETE CASCADE
+);
+
 CREATE TABLE groups (
 	id INTEGER NOT NULL,
 	run_id VARCHAR(64) NOT NULL,
@@ -247,6 +264,8 @@ CREATE INDEX ix_admission_decisions_run_decision ON admission_decisions (run_id,
 CREATE INDEX ix_admission_decisions_trajectory_id ON admission_decisions (trajectory_id);
 
 CREATE INDEX ix_bias_ledger_run_computed ON bias_ledger (run_id, computed_at);
+
+CREATE INDEX ix_evaluations_run_id ON evaluations (run_id);
 
 CREATE INDEX ix_groups_run_id ON groups (run_id);
 

@@ -25,7 +25,7 @@ from core.store.snapshot import SNAPSHOT_PATH, schema_ddl
 
 TABLES = {"runs", "policy_versions", "task_instances", "groups", "trajectories", "model_calls",
           "tool_calls", "sandboxes", "admission_decisions", "learner_stream", "learner_steps",
-          "bias_ledger", "trainer_logprobs"}
+          "bias_ledger", "trainer_logprobs", "evaluations"}
 
 
 def _tables(url: str) -> set[str]:

@@ -1,0 +1,83 @@
+"""An evaluation as numbers: one record, one success rule, one way to put intervals on it.
+
+`Evaluation` is what the job stores in the `evaluations` table after each evaluation and what
+every reader takes from there: the job summary, report.md, the viewer and `compare`. The rule
+is the same everywhere: an instance counts as solved when its reward is at least `SUCCESS`;
+infrastructure errors and aborted trajectories count as failures (an evaluation cannot drop
+what it could not solve) and are shown beside the rate. `distinct` counts the different task
+identities evaluated (split keys, or content hashes where the family has none), so a small
+test pool that repeats itself is visible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from core.stats import Interval, newcombe_difference, wilson
+
+SUCCESS = 0.999  # a reward at or above this counts as solved
+
+
+def solved(reward: float | None) -> bool:
+    return reward is not None and reward >= SUCCESS
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluation of a run: `label` ("before" / "after" RL), the weights version, the
+    split it read, and its counts. `instances` is every trajectory started, whatever its end."""
+
+    label: str
+    policy_version: int
+    split: str
+    instances: int
+    distinct: int
+    solved: int
+    infra_errors: int
+    aborted: int
+    mean_reward: float
+
+    def __post_init__(self) -> None:
+        counts = (self.distinct, self.solved, self.infra_errors, self.aborted)
+        if min(counts + (self.instances,)) < 0 or max(counts) > self.instances \
+                or self.solved + self.infra_errors + self.aborted > self.instances:
+            raise ValueError(f"evaluation {self.label}: counts {counts} do not fit "
+                             f"{self.instances} instances")
+
+    @property
+    def success_rate(self) -> float:
+        return self.solved / self.instances if self.instances else 0.0
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """(solved, instances): what the intervals are computed from."""
+        return self.solved, self.instances
+
+    def interval(self) -> Interval:
+        """Wilson 95% interval of the success rate."""
+        return wilson(self.solved, self.instances)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "success_rate": round(self.success_rate, 4)}
+
+
+def gain_figures(before: tuple[int, int], after: tuple[int, int]) -> dict[str, Any]:
+    """Wilson intervals of success before and after RL and the Newcombe interval of the gain
+    (independent samples, so conservative), from (solved, instances) pairs, as the summary,
+    report and compare print them."""
+    difference = newcombe_difference(*before, *after)
+    return {"before": wilson(*before).percent(), "after": wilson(*after).percent(),
+            "gain": difference.percent(), "gain_excludes_zero": difference.excludes_zero(),
+            "gain_low": round(difference.low, 4), "gain_high": round(difference.high, 4)}
+
+
+def latest_by_label(evaluations: list[Evaluation]) -> dict[str, Evaluation]:
+    """Each label's latest evaluation that ran to its end, else its latest one (a resumed run
+    may hold an evaluation cut short and the one that replaced it)."""
+    out: dict[str, Evaluation] = {}
+    for evaluation in evaluations:
+        kept = out.get(evaluation.label)
+        if kept is None or evaluation.aborted == 0 or kept.aborted > 0:
+            out[evaluation.label] = evaluation
+    return out

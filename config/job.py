@@ -86,6 +86,9 @@ class TasksConfig(Section):
     family: str = Field("arith", description="entry-point name or 'path/to/file.py:attribute'")
     options: dict[str, Any] = Field(default_factory=dict, description="passed to the family")
     eval_instances: int = Field(64, ge=0, description="held-out instances for before/after eval")
+    eval_split: Literal["test", "validation"] = Field(
+        "test", description="the split the before/after evaluations read: test for the figures "
+        "a job reports; validation while you tune settings, so the test split stays untouched")
     eval_before: bool = Field(True, description="evaluate the starting weights before RL "
                               "(stalewise compare turns this off for a run whose starting "
                               "checkpoint another run already evaluated the same way)")

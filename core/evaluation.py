@@ -11,7 +11,8 @@ test pool that repeats itself is visible.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from core.stats import Interval, newcombe_difference, wilson
@@ -26,7 +27,9 @@ def solved(reward: float | None) -> bool:
 @dataclass(frozen=True)
 class Evaluation:
     """One evaluation of a run: `label` ("before" / "after" RL), the weights version, the
-    split it read, and its counts. `instances` is every trajectory started, whatever its end."""
+    split it read, and its counts. `instances` is every trajectory started, whatever its end;
+    `failures` counts the unsolved ones that ended normally by the family's failure mode
+    (`TaskFamily.failure_mode`), so two evaluations show what changed between them."""
 
     label: str
     policy_version: int
@@ -37,6 +40,7 @@ class Evaluation:
     infra_errors: int
     aborted: int
     mean_reward: float
+    failures: Mapping[str, int] = field(default_factory=dict)  # failure mode -> trajectories
 
     def __post_init__(self) -> None:
         counts = (self.distinct, self.solved, self.infra_errors, self.aborted)
@@ -59,7 +63,8 @@ class Evaluation:
         return wilson(self.solved, self.instances)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "success_rate": round(self.success_rate, 4)}
+        return {**asdict(self), "failures": dict(self.failures),
+                "success_rate": round(self.success_rate, 4)}
 
 
 def gain_figures(before: tuple[int, int], after: tuple[int, int]) -> dict[str, Any]:
@@ -81,3 +86,11 @@ def latest_by_label(evaluations: list[Evaluation]) -> dict[str, Evaluation]:
         if kept is None or evaluation.aborted == 0 or kept.aborted > 0:
             out[evaluation.label] = evaluation
     return out
+
+
+def failure_changes(before: Evaluation, after: Evaluation) -> list[tuple[str, int, int]]:
+    """(failure mode, count before, count after) for every mode either evaluation saw, the
+    largest change first: what RL changed, in the family's own words."""
+    modes = set(before.failures) | set(after.failures)
+    rows = [(mode, before.failures.get(mode, 0), after.failures.get(mode, 0)) for mode in modes]
+    return sorted(rows, key=lambda r: (-abs(r[2] - r[1]), r[0]))

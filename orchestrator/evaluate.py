@@ -1,4 +1,5 @@
-"""Held-out evaluation: run the family's `test` split once per instance at the engine's weights.
+"""Held-out evaluation: run the family's `test` split (`[tasks] eval_split`: `validation` while
+tuning) once per instance at the engine's weights.
 
 Evaluation trajectories are recorded like any other (purpose `eval`, no group, never admitted),
 so the before/after figures of a run can be audited token by token; the evaluation itself is
@@ -7,7 +8,8 @@ A trajectory that ends in an infrastructure error counts as a failure (an evalua
 drop what it could not solve), and so does one the run stopped (`aborted`,
 orchestrator.inflight): an evaluation cut short is still recorded, with its aborted count.
 The test split is read here and nowhere else: RL dispatches train instances, and the warm
-start's selection and check read validation ones.
+start's selection and check read validation ones. `distinct` counts different instances
+(content hashes), so a test pool that repeats itself shows in every summary.
 """
 
 from __future__ import annotations
@@ -24,27 +26,28 @@ from orchestrator.inflight import InFlight
 from orchestrator.recorder import SqlRecorder, outcome_values
 from orchestrator.rollout import RolloutOptions, run_trajectory
 from orchestrator.writer import StoreWriter
-from tasks.api import TaskFamily
+from orchestrator.rollout_types import TrajectoryOutcome
+from tasks.api import TaskFamily, TaskInstance
 from tasks.chat.base import ChatFormat
 
-SPLIT = "test"
 log = get_logger("stalewise.evaluate")
 
 
 async def evaluate(*, label: str, run_id: str, version: int, store: Store, writer: StoreWriter,
                    engine: InferenceEngine, family: TaskFamily, chat_format: ChatFormat,
                    acquire, params: SamplingParams, instances: int, concurrency: int,
-                   options: RolloutOptions = RolloutOptions()) -> Evaluation:
-    """Evaluate `instances` test instances (0..) at weights `version`; the `Evaluation` is
-    recorded in the store before it is returned (also when the run stops during it)."""
+                   options: RolloutOptions = RolloutOptions(), split: str = "test"
+                   ) -> Evaluation:
+    """Evaluate `instances` instances (0..) of `split` at weights `version`; the `Evaluation`
+    is recorded in the store before it is returned (also when the run stops during it)."""
     limiter = anyio.CapacityLimiter(concurrency)
     if family.size is not None:  # a finite family (Harbor folders): each instance once at most
         instances = min(instances, family.size)
-    tally = _Tally(family)
+    tally = _Tally(family, split)
     unfinished: InFlight[int] = InFlight(store, writer)
 
     async def one(index: int) -> None:
-        task = family.instance(index, SPLIT)
+        task = family.instance(index, split)
         with anyio.CancelScope(shield=True):  # row and registration together (inflight)
             trajectory_id = await anyio.to_thread.run_sync(lambda: store.create_trajectory(
                 run_id, group_id=None, task_instance_id=store.task_instance_id(
@@ -61,7 +64,7 @@ async def evaluate(*, label: str, run_id: str, version: int, store: Store, write
                 trajectory_id=str(trajectory_id), options=options)
         await writer.put_trajectory_update(trajectory_id, outcome_values(outcome))
         unfinished.ended(trajectory_id)
-        tally.ended(outcome.status.value, outcome.reward)
+        tally.ended(task, outcome)
 
     try:
         async with anyio.create_task_group() as tg:
@@ -82,27 +85,33 @@ async def evaluate(*, label: str, run_id: str, version: int, store: Store, write
 class _Tally:
     """Counts of one evaluation as its trajectories start and end."""
 
-    def __init__(self, family: TaskFamily) -> None:
-        self.family = family
+    def __init__(self, family: TaskFamily, split: str) -> None:
+        self.family, self.split = family, split
         self.identities: set[str] = set()
         self.instances = self.solved = self.infra_errors = 0
         self.rewards: list[float] = []
+        self.failures: dict[str, int] = {}
 
-    def started(self, task) -> None:
+    def started(self, task: TaskInstance) -> None:
         self.instances += 1
-        self.identities.add(self.family.split_key(task) if self.family.split_key
-                            else task.content_hash)
+        self.identities.add(task.content_hash)
 
-    def ended(self, status: str, reward: float | None) -> None:
-        self.infra_errors += status == "infra_error"
-        self.solved += status != "infra_error" and solved(reward)
-        self.rewards.append(0.0 if status == "infra_error" else reward or 0.0)
+    def ended(self, task: TaskInstance, outcome: TrajectoryOutcome) -> None:
+        infra = outcome.status.value == "infra_error"
+        self.infra_errors += infra
+        if not infra and solved(outcome.reward):
+            self.solved += 1
+        elif not infra:
+            mode = self.family.failure_mode(task, outcome.messages)
+            self.failures[mode] = self.failures.get(mode, 0) + 1
+        self.rewards.append(0.0 if infra else outcome.reward or 0.0)
 
     def record(self, label: str, version: int, aborted: int) -> Evaluation:
-        return Evaluation(label=label, policy_version=version, split=SPLIT,
+        return Evaluation(label=label, policy_version=version, split=self.split,
                           instances=self.instances, distinct=len(self.identities),
                           solved=self.solved, infra_errors=self.infra_errors, aborted=aborted,
-                          mean_reward=round(fmean(self.rewards), 6) if self.rewards else 0.0)
+                          mean_reward=round(fmean(self.rewards), 6) if self.rewards else 0.0,
+                          failures=dict(self.failures))
 
 
 async def _record_cut_short(store: Store, run_id: str, evaluation: Evaluation) -> None:

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from config.job import JobConfig
 from config.learner import WarmStartJob
-from core.evaluation import Evaluation, gain_figures, latest_by_label
+from core.evaluation import Evaluation, failure_changes, gain_figures, latest_by_label
 from core.log import bind_run, configure_logging, get_logger
 from core.store import audit
 from core.store.outage import Outage, first_line
@@ -330,6 +330,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                              family=family, chat_format=chat_format, acquire=pools.acquire,
                              params=pipeline.params, instances=job.tasks.eval_instances,
                              concurrency=job.rollout.max_concurrent,
+                             split=job.tasks.eval_split,
                              options=await pipeline.rollout_options())
             if job.tasks.eval_instances and job.tasks.eval_before and not resumed:
                 log.info("evaluation", **asdict(await evaluate(label="before", version=version,
@@ -384,8 +385,8 @@ def print_summary(summary: dict, results: list[Evaluation], job: JobConfig) -> N
     held = "held-out" if summary["held_out"] else "(not held out: the family's splits share tasks)"
     if "before" in by_label and "after" in by_label:
         before, after = by_label["before"], by_label["after"]
-        lines.append(f"  success rate on {after.instances} {held} {job.tasks.family} test "
-                     f"instances ({after.distinct} distinct): before RL "
+        lines.append(f"  success rate on {after.instances} {held} {job.tasks.family} "
+                     f"{after.split} instances ({after.distinct} distinct): before RL "
                      f"{100 * before.success_rate:.1f}% -> after RL "
                      f"{100 * after.success_rate:.1f}%")
         lines.append(f"  infrastructure errors and aborted trajectories in the evaluations "
@@ -395,10 +396,16 @@ def print_summary(summary: dict, results: list[Evaluation], job: JobConfig) -> N
             lines.append(f"  95% intervals: gain {summary['held_out_95']['gain']} "
                          f"(before {summary['held_out_95']['before']}, after "
                          f"{summary['held_out_95']['after']})")
+        changes = failure_changes(before, after)
+        if changes:
+            lines.append(f"  what RL changed: unsolved {after.split} trajectories by failure "
+                         "mode, before -> after RL: " + "; ".join(
+                             f"{mode} {n_before} -> {n_after}"
+                             for mode, n_before, n_after in changes))
     elif "after" in by_label:
         after = by_label["after"]
-        lines.append(f"  success rate on {after.instances} {held} {job.tasks.family} test "
-                     f"instances ({after.distinct} distinct): after RL "
+        lines.append(f"  success rate on {after.instances} {held} {job.tasks.family} "
+                     f"{after.split} instances ({after.distinct} distinct): after RL "
                      f"{100 * after.success_rate:.1f}% (no evaluation before RL in this run: "
                      f"tasks.eval_before = false)")
         lines.append(f"  infrastructure errors and aborted trajectories in the evaluation "

@@ -72,11 +72,14 @@ def evaluation_table(evaluations: list[dict[str, Any]]) -> list[str]:
         return []
     lines = ["", "## evaluations (infrastructure errors and aborts count as failures)", "",
              "| label | policy version | split | instances | distinct | solved | success | "
-             "infrastructure errors | aborted | mean reward |", "|" + "---|" * 10]
+             "infrastructure errors | aborted | mean reward | unsolved by failure mode |",
+             "|" + "---|" * 11]
     for e in evaluations:
+        modes = "; ".join(f"{mode}: {n}" for mode, n in sorted(
+            e["failures"].items(), key=lambda item: -item[1])) or "-"
         lines.append(f"| {e['label']} | {e['policy_version']} | {e['split']} | {e['instances']} "
                      f"| {e['distinct']} | {e['solved']} | {100 * e['success_rate']:.1f}% | "
-                     f"{e['infra_errors']} | {e['aborted']} | {e['mean_reward']:.3f} |")
+                     f"{e['infra_errors']} | {e['aborted']} | {e['mean_reward']:.3f} | {modes} |")
     return lines
 
 

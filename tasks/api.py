@@ -138,6 +138,7 @@ def _shown(value: Any) -> str:
 MakeFn = Callable[[int, str], TaskInstance]
 DemoFn = Callable[[TaskInstance, bool], "Demonstration"]
 SplitKeyFn = Callable[[TaskInstance], str]
+DiagnoseFn = Callable[[TaskInstance, Sequence[ChatMessage]], str]
 T = TypeVar("T")
 MAX_SPLIT_DRAWS = 10_000
 
@@ -188,7 +189,8 @@ class TaskFamily:
                  size: int | None = None, splits: Sequence[str] = SPLITS,
                  description: str = "", options: Mapping[str, Any] | None = None,
                  split_key: SplitKeyFn | None = None,
-                 shares: SplitShares = SplitShares()) -> None:
+                 shares: SplitShares = SplitShares(),
+                 diagnose: DiagnoseFn | None = None) -> None:
         if not name or "/" in name:
             raise ValueError(f"family name {name!r} must be non-empty and contain no '/'")
         self.name = name
@@ -203,6 +205,7 @@ class TaskFamily:
                              f"{self.splits}")
         self.split_key = split_key
         self.shares = shares
+        self.diagnose = diagnose
 
     def instance(self, index: int, split: str = "train") -> TaskInstance:
         if split not in self.splits:
@@ -221,6 +224,12 @@ class TaskFamily:
                     f"{self.split_key(made)!r}, which belongs to the {home} split; draw "
                     f"instances with tasks.api.draw_in_split so the splits stay disjoint")
         return dataclasses.replace(made, family=self.name, key=f"{self.name}/{split}/{index}")
+
+    def failure_mode(self, task: TaskInstance, messages: Sequence[ChatMessage]) -> str:
+        """What went wrong in an unsolved trajectory, in a few words (the family's `diagnose`;
+        "unsolved" for a family without one). Evaluations count these, so a summary can say
+        what RL changed."""
+        return self.diagnose(task, messages) if self.diagnose is not None else "unsolved"
 
     @property
     def held_out(self) -> bool:

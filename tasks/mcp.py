@@ -578,7 +578,7 @@ def with_tools(family: TaskFamily, tools: Sequence[Tool]) -> TaskFamily:
     return TaskFamily(family.name, make, demonstrate=demonstrate, size=family.size,
                       splits=family.splits, description=family.description,
                       options=family.options, split_key=family.split_key,
-                      shares=family.shares)
+                      shares=family.shares, diagnose=family.diagnose)
 
 
 class _NoSandbox:

@@ -322,4 +322,5 @@ class EvaluationRow(Base):
     infra_errors: Mapped[int] = mapped_column(Integer)
     aborted: Mapped[int] = mapped_column(Integer)
     mean_reward: Mapped[float] = mapped_column(Float)
+    failures: Mapped[dict] = mapped_column(JSON)  # failure mode -> unsolved trajectories
     created_at: Mapped[float] = mapped_column(Float)

@@ -37,6 +37,10 @@ def now() -> float:
     return time.time()
 
 
+def evaluation_values(evaluation: Evaluation) -> dict[str, Any]:
+    return {**asdict(evaluation), "failures": dict(evaluation.failures)}
+
+
 def model_call_row(*, trajectory_id: int, turn: int, segment: int, context_len: int,
                    prompt_token_ids: Sequence[int] | np.ndarray, tokens: SampledTokens,
                    sampling: dict[str, Any] | str, engine_id: str, finish_reason: str,
@@ -513,7 +517,7 @@ class Store:
     def record_evaluation(self, run_id: str, evaluation: Evaluation) -> None:
         with self.engine.begin() as c:
             c.execute(insert(s.EvaluationRow.__table__).values(
-                run_id=run_id, created_at=now(), **asdict(evaluation)))
+                run_id=run_id, created_at=now(), **evaluation_values(evaluation)))
 
     def evaluations(self, run_id: str) -> list[Evaluation]:
         """The run's evaluations in the order they were recorded."""

@@ -16,12 +16,14 @@ number of operators (`ops=1` … `ops=max_ops`).
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tasks.api import SplitShares, TaskFamily, TaskInstance, draw_in_split
 from tasks.builtin_tools import python
+from tasks.chat.parsing import extract_answer
 from tasks.demos import Demonstration, DemoTurn
+from tasks.messages import ChatMessage
 from tasks.suites.common import answer_text, call_text, instance_rng, sandbox_spec, task_limits
 from tasks.verify import Component, Rubric, VerifyContext
 
@@ -70,6 +72,20 @@ def gave_answer(ctx: VerifyContext) -> float:
     return 0.0 if ctx.answer is None else 1.0
 
 
+def diagnose(task: TaskInstance, messages: Sequence[ChatMessage]) -> str:
+    """The failure mode of an unsolved arith trajectory."""
+    value = str(task.data["value"])
+    outputs = [m.content.strip() for m in messages if m.role == "tool"]
+    final = next((m.content for m in reversed(messages) if m.role == "assistant"), "")
+    if not outputs:
+        return "no tool call"
+    if value not in outputs:
+        return "tool code does not compute the expression"
+    if extract_answer(final) is None:
+        return "no answer after the right tool output"
+    return "wrong answer after the right tool output"
+
+
 VERIFIER = Rubric(Component("exact", exact_answer, 1.0),
                   Component("used_python", used_python, 0.0),
                   Component("answer_tag", gave_answer, 0.0))
@@ -112,7 +128,8 @@ def family(*, max_ops: int = 3, max_value: int = 9, seed: int = 0, validation_sh
                       description="integer expressions computed with a python tool",
                       options=dict(max_ops=max_ops, max_value=max_value, seed=seed,
                                    validation_share=validation_share, test_share=test_share, image=image),
-                      split_key=lambda task: task.data["expression"], shares=shares)
+                      split_key=lambda task: task.data["expression"], shares=shares,
+                      diagnose=diagnose)
 
 
 def _draw(rng: random.Random, max_ops: int, max_value: int) -> tuple[int, str]:

@@ -37,7 +37,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tasks.api import SplitShares, TaskFamily, TaskInstance, draw_in_split
+from tasks.chat.parsing import extract_answer
 from tasks.demos import Demonstration, DemoTurn
+from tasks.messages import ChatMessage
 from tasks.suites.common import answer_text, call_text, instance_rng, sandbox_spec, task_limits
 from tasks.suites.longhaul import stable_normal
 from tasks.tools import Tool, ToolContext, ToolError, tool
@@ -129,6 +131,22 @@ async def depth_reached(ctx: VerifyContext) -> float:
     return min(1.0, int(moves.stdout.strip()) / len(ctx.task.data["doors"]))
 
 
+def diagnose(task: TaskInstance, messages: Sequence[ChatMessage]) -> str:
+    """The failure mode of an unsolved vault walk (from the transcript: what the `go` calls
+    showed and what the model answered)."""
+    shown = [m.content.strip() for m in messages if m.role == "tool"]
+    final = next((m.content for m in reversed(messages) if m.role == "assistant"), "")
+    if not shown:
+        return "no door opened"
+    if any(not text.startswith(("door ", "gold ")) for text in shown):
+        return "a door that was not there"
+    if not any(text.startswith("gold ") for text in shown):
+        return "stopped before the gold"
+    if extract_answer(final) is None:
+        return "no answer after the gold"
+    return "wrong answer after the gold"
+
+
 def verifier(progress_reward: float) -> Rubric:
     """Reward = (1 - progress_reward) * gold + progress_reward * depth_reached: 1 exactly when
     the walk is complete and the gold right (success), partial credit per door opened else."""
@@ -195,4 +213,5 @@ def family(*, depths: Sequence[int] = (6, 10, 16), delay_median_s: float = 0.0,
                                    delay_sigma=delay_sigma, delay_max_s=delay_max_s, seed=seed,
                                    validation_share=validation_share, test_share=test_share, progress_reward=progress_reward,
                                    image=image),
-                      split_key=lambda task: str(task.data["doors"][0]), shares=shares)
+                      split_key=lambda task: str(task.data["doors"][0]), shares=shares,
+                      diagnose=diagnose)

@@ -59,3 +59,4 @@ def test_rl_dispatches_train_instances_and_the_evaluation_reads_test_ones(sqlite
     assert _stored_splits(store, family, "eval") == {"test"}
     [record] = store.evaluations("r")
     assert (record.split, record.instances, record.label) == ("test", 12, "after")
+    assert 0 < record.solved < 12 and record.failures == {"unsolved": 12 - record.solved}

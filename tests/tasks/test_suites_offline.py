@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from tasks.suites import arith, codefix, longhaul
+from tasks.suites import arith, codefix, longhaul, vault
 from tasks.suites.codefix_bugs import BUGS, run
 
 
@@ -113,3 +113,36 @@ def test_longhaul_step_latency_is_a_stable_standard_lognormal():
     assert abs(statistics.fmean(draws)) < 0.05 and abs(statistics.stdev(draws) - 1.0) < 0.05
     assert sum(abs(z) > 1.96 for z in draws) / len(draws) == pytest.approx(0.05, abs=0.015)
     assert longhaul.step_latency("t1", 0, 0.5, 0.0, 60.0) == 0.5  # sigma 0: the median
+
+
+def test_arith_and_vault_name_the_failure_mode_of_an_unsolved_transcript():
+    from tasks.messages import ChatMessage
+
+    def talk(*turns):
+        return [ChatMessage(role, text) for role, text in turns]
+
+    family = arith.family(max_ops=1)
+    task = family.instance(0, "test")
+    value = str(task.data["value"])
+    call = ("assistant", "<tool_call>...</tool_call>")
+    answered = ("assistant", f"<answer>{value}</answer>")
+    assert family.failure_mode(task, talk(("assistant", "<answer>3</answer>"))) == "no tool call"
+    assert family.failure_mode(task, talk(call, ("tool", "-1"), answered)
+                               ) == "tool code does not compute the expression"
+    assert family.failure_mode(task, talk(call, ("tool", value), ("assistant", "<answer>x</answer>"))
+                               ) == "wrong answer after the right tool output"
+    assert family.failure_mode(task, talk(call, ("tool", value), ("assistant", "no idea"))
+                               ) == "no answer after the right tool output"
+
+    walls = vault.family(depths=[6])
+    walk = walls.instance(0, "test")
+    doors = walk.data["doors"]
+    go = ("assistant", "<tool_call>...</tool_call>")
+    assert walls.failure_mode(walk, talk(go, ("tool", f"door {doors[1]}"),
+                                         ("assistant", f"<answer>{doors[1]}</answer>"))
+                              ) == "stopped before the gold"
+    assert walls.failure_mode(walk, talk(go, ("tool", "no door abc here"))
+                              ) == "a door that was not there"
+    assert walls.failure_mode(walk, talk(go, ("tool", "gold 0000"),
+                                         ("assistant", "<answer>1</answer>"))
+                              ) == "wrong answer after the gold"

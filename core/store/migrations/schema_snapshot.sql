@@ -50,6 +50,7 @@ CREATE TABLE evaluations (
 	infra_errors INTEGER NOT NULL,
 	aborted INTEGER NOT NULL,
 	mean_reward FLOAT NOT NULL,
+	failures JSON NOT NULL,
 	created_at FLOAT NOT NULL,
 	CONSTRAINT pk_evaluations PRIMARY KEY (id),
 	CONSTRAINT fk_evaluations_run_id_runs FOREIGN KEY(run_id) REFERENCES runs (id) ON DELETE CASCADE

@@ -29,6 +29,7 @@ def upgrade() -> None:
     sa.Column('infra_errors', sa.Integer(), nullable=False),
     sa.Column('aborted', sa.Integer(), nullable=False),
     sa.Column('mean_reward', sa.Float(), nullable=False),
+    sa.Column('failures', sa.JSON(), nullable=False),
     sa.Column('created_at', sa.Float(), nullable=False),
     sa.ForeignKeyConstraint(['run_id'], ['runs.id'], name=op.f('fk_evaluations_run_id_runs'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_evaluations'))

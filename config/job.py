@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from config.base import ConfigSection as Section
 from config.cluster import ClusterConfig
@@ -151,6 +151,8 @@ class JobConfig(Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    # which of "learner", "learner.sft", "engine" took their seed from run.seed (with_one_seed)
+    _seeds_from_run: frozenset[str] = PrivateAttr(default_factory=frozenset)
 
     @model_validator(mode="after")
     def _consistent(self) -> "JobConfig":
@@ -181,16 +183,34 @@ def with_one_seed(job: JobConfig) -> JobConfig:
     """`run.seed` seeds every process unless its section sets a seed of its own: the learner
     (torch), its warm start (`[learner.sft] seed`: the demonstrations and their order; the
     learner's seed when not set) and the engine (`[engine] seed`: sampling). The resolved seeds
-    are in the config the run stores (`runs.config`) and hands its children."""
+    are in the config the run stores (`runs.config`) and hands its children; the job remembers
+    which it derived, so `with_seed` derives them again."""
+    derived = {name for name, section in (("learner", job.learner),
+                                           ("learner.sft", job.learner.sft),
+                                           ("engine", job.engine))
+               if "seed" not in section.model_fields_set}
+    return _seeded(job, job.run.seed, frozenset(derived))
+
+
+def with_seed(job: JobConfig, seed: int) -> JobConfig:
+    """The job with `run.seed = seed` and every seed it derived from `run.seed` derived again
+    (what `--set run.seed=N` on the command line gives)."""
+    return _seeded(job.model_copy(update={"run": job.run.model_copy(update={"seed": seed})}),
+                   seed, job._seeds_from_run)
+
+
+def _seeded(job: JobConfig, seed: int, derived: frozenset[str]) -> JobConfig:
     learner, engine = job.learner, job.engine
-    if "seed" not in learner.model_fields_set:
-        learner = learner.model_copy(update={"seed": job.run.seed})
-    if "seed" not in learner.sft.model_fields_set:
+    if "learner" in derived:
+        learner = learner.model_copy(update={"seed": seed})
+    if "learner.sft" in derived:
         learner = learner.model_copy(update={"sft": learner.sft.model_copy(
             update={"seed": learner.seed})})
-    if "seed" not in engine.model_fields_set:
-        engine = engine.model_copy(update={"seed": job.run.seed})
-    return job.model_copy(update={"learner": learner, "engine": engine})
+    if "engine" in derived:
+        engine = engine.model_copy(update={"seed": seed})
+    out = job.model_copy(update={"learner": learner, "engine": engine})
+    out._seeds_from_run = derived
+    return out
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> JobConfig:

@@ -77,20 +77,26 @@ class Comparison:
 
 
 def edited(job, change):
-    """A validated copy of the job whose plain data `change` has edited in place."""
+    """A validated copy of the job whose plain data `change` has edited in place (the seeds
+    the job derived from `run.seed` stay derived)."""
     data = job.model_dump(mode="json")
     change(data)
-    return type(job).model_validate(data)
+    out = type(job).model_validate(data)
+    out._seeds_from_run = job._seeds_from_run
+    return out
 
 
 def prepare(job, label: str, seed: int, budget: float | None, out: Path):
-    """The job with the comparison's store, folder, seed and budget."""
+    """The job with the comparison's store, folder, seed (every seed derived from `run.seed`
+    follows it: the warm start, the learner, the engine) and budget."""
+    from config.job import with_seed
+
     def change(data):
-        data["run"].update(name=label, seed=seed, db_url=f"sqlite:///{out / 'compare.db'}",
+        data["run"].update(name=label, db_url=f"sqlite:///{out / 'compare.db'}",
                            output_dir=str(out / "runs"))
         if budget is not None:
             data["pipeline"].update(budget_s=budget, steps=UNBOUNDED_STEPS)
-    return edited(job, change)
+    return with_seed(edited(job, change), seed)
 
 
 def warm_start_key(job) -> str | None:
@@ -252,4 +258,39 @@ def ranking(spread: list[dict[str, Any]]) -> list[str]:
             verdict = "above" if difference > 2 * se else "not separated from"
             lines.append(f"{a['recipe']} {verdict} {b['recipe']}: {100 * difference:+.1f} "
                          f"points, 2 standard errors {100 * 2 * se:.1f}")
+    return lines
+
+
+def seed_summary(runs: list[tuple[int, int, Any]]) -> list[str]:
+    """`stalewise run --seeds`: one line per (seed, exit code, job) with its evaluation, then
+    the spread of the gain between seeds, from each run's evaluation records."""
+    from core.evaluation import gain_figures, latest_by_label
+    from core.store.reads import latest_run_named
+    from core.store.store import Store
+
+    lines, rows = [], []
+    for seed, code, job in runs:
+        store = Store.open(job.run.db_url)
+        try:
+            run_id = latest_run_named(store, job.run.name)
+            found = latest_by_label(store.evaluations(run_id)) if run_id else {}
+        finally:
+            store.close()
+        if code != 0 or not {"before", "after"} <= set(found):
+            lines.append(f"seed {seed}: run {run_id or '-'} exit {code}, no before/after "
+                         "evaluation")
+            continue
+        before, after = found["before"].counts, found["after"].counts
+        held = gain_figures(before, after)
+        rows.append({"config": job.run.name, "before": before, "after": after,
+                     "held_out_95": held})
+        lines.append(f"seed {seed}: run {run_id}: {held['before']} -> {held['after']}, gain "
+                     f"{held['gain']}")
+    [spread] = recipe_spread(rows) or [None]
+    if spread is not None and spread["gain"] is not None:
+        gain = spread["gain"]
+        lines.append(f"spread over {gain['n']} seeds: gain mean {100 * gain['mean']:+.1f}, min "
+                     f"{100 * gain['min']:+.1f}, max {100 * gain['max']:+.1f} points; "
+                     f"{spread['gains_outside_noise']} of {gain['n']} with the gain's 95% "
+                     "interval above zero")
     return lines

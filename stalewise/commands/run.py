@@ -1,4 +1,10 @@
-"""`stalewise run job.toml [--set section.key=value ...] [--dry-run] [--resume RUN]`."""
+"""`stalewise run job.toml [--set section.key=value ...] [--dry-run] [--resume RUN]
+[--seeds N [--first-seed S]]`.
+
+With `--seeds N` the job runs once per seed S..S+N-1, one after another, each a whole run of
+its own (`run.seed` set), and the command ends with each seed's evaluation and the spread of
+the gain between seeds (mean, min, max, how many intervals lie above zero): the spread between
+RL runs, which a single run's evaluation interval does not hold."""
 
 from __future__ import annotations
 
@@ -84,9 +90,18 @@ def run_command(config: Path = typer.Argument(..., help="job config (TOML)"),
                 resume: str | None = typer.Option(None, "--resume", help="resume run RUN"),
                 overrides: list[str] | None = typer.Option(
                     None, "--set", help="override a config value: section.key=value "
-                                        "(repeatable), e.g. --set run.seed=1")) -> None:
+                                        "(repeatable), e.g. --set run.seed=1"),
+                seeds: int | None = typer.Option(
+                    None, "--seeds", min=1, help="run the job once per seed S..S+N-1 and print "
+                    "the spread of the gain between them"),
+                first_seed: int = typer.Option(0, "--first-seed", min=0,
+                                               help="S, the first seed of --seeds")) -> None:
     """Run an RL job described by CONFIG."""
     job = load_or_exit(config, overrides)
+    if seeds is not None and resume is not None:
+        typer.echo("error: --seeds starts new runs; it cannot be combined with --resume",
+                   err=True)
+        raise typer.Exit(2)
     family = check_family_or_exit(job, config)
     if resume is not None:
         check_resumable_or_exit(job, resume)
@@ -97,4 +112,22 @@ def run_command(config: Path = typer.Argument(..., help="job config (TOML)"),
     build_images_or_exit(job, family, config)
     from orchestrator.job import run_job
 
-    raise typer.Exit(run_job(job, resume=resume))
+    if seeds is None:
+        raise typer.Exit(run_job(job, resume=resume))
+    raise typer.Exit(run_seeds(job, range(first_seed, first_seed + seeds)))
+
+
+def run_seeds(job, seeds: range) -> int:
+    """The job once per seed, then every seed's evaluation and the spread of the gain."""
+    from config.job import with_seed
+    from orchestrator.comparison import seed_summary
+    from orchestrator.job import run_job
+
+    done = []
+    for seed in seeds:
+        seeded = with_seed(job, seed)
+        code = run_job(seeded)
+        done.append((seed, code, seeded))
+    lines = seed_summary(done)
+    typer.echo("\n".join(lines))
+    return 0 if all(code == 0 for _, code, _ in done) else 1

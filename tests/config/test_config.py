@@ -131,3 +131,20 @@ def test_run_seed_seeds_every_process_unless_a_section_sets_its_own():
     learner_only = parse_config({"run": {"seed": 3}, "learner": {"seed": 4}})
     assert (learner_only.learner.seed, learner_only.learner.sft.seed) == (4, 4)
     assert parse_config({}).learner.seed == 0
+
+
+def test_a_new_run_seed_reseeds_what_was_derived_from_it_and_nothing_else():
+    """`with_seed` is what `stalewise run --seeds` and `compare` use for each seed: the same as
+    `--set run.seed=N` on the command line, however the job was copied in between."""
+    from config.job import with_seed
+    from orchestrator.comparison import prepare
+
+    derived = with_seed(parse_config({"run": {"seed": 3}}), 8)
+    assert (derived.run.seed, derived.learner.seed, derived.learner.sft.seed,
+            derived.engine.seed) == (8, 8, 8, 8)
+    own = with_seed(parse_config({"run": {"seed": 3}, "learner": {"sft": {"seed": 7}},
+                                  "engine": {"seed": 5}}), 8)
+    assert (own.learner.seed, own.learner.sft.seed, own.engine.seed) == (8, 7, 5)
+    copied = prepare(parse_config({"engine": {"seed": 5}}), "label", 2, None, Path("/tmp/out"))
+    assert (copied.run.seed, copied.learner.seed, copied.learner.sft.seed,
+            copied.engine.seed) == (2, 2, 2, 5)

@@ -147,3 +147,32 @@ def test_recipes_are_ranked_only_where_the_spread_between_seeds_allows_it():
     assert any(line.startswith("steady not separated from noisy") for line in lines)
     assert any(line.startswith("noisy not separated from low") for line in lines)
     assert ranking(recipe_spread([run("one", 50, 90), run("other", 50, 10)])) == []
+
+
+def test_run_with_seeds_runs_each_seed_and_prints_the_spread_of_the_gain(tmp_path):
+    from engine.tiny import init_tiny
+
+    model = init_tiny(tmp_path / "model" / "tiny")
+    config = tiny_job(tmp_path, model, "sync")
+    result = CliRunner().invoke(app, [
+        "run", str(config), "--seeds", "2", "--first-seed", "1",
+        "--set", f"run.db_url=sqlite:///{tmp_path / 'seeds.db'}",
+        "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "pipeline.steps=1"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert [line.split(":")[0] for line in lines if line.startswith("seed ")] == [
+        "seed 1", "seed 2"]
+    assert lines[-1].startswith("spread over 2 seeds: gain mean ")
+    store = Store.open(f"sqlite:///{tmp_path / 'seeds.db'}")
+    try:
+        seeds = sorted(store.run(r["id"]).config["learner"]["sft"]["seed"]
+                       for r in audit_runs(store))
+    finally:
+        store.close()
+    assert seeds == [1, 2], "each seed's warm start is seeded by it"
+
+
+def audit_runs(store):
+    from core.store import audit
+
+    return audit.runs(store, limit=10)

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from core.children import ChildOwnerThread
-from orchestrator.cluster.launch import Child, Launch
+from core.children import Child, ChildOwnerThread, free_port
+from orchestrator.cluster.launch import Launch
 
 
 @dataclass
@@ -84,11 +84,7 @@ class ChildHost:
 
     def node_address(self) -> tuple[str, int]:
         """This node's IP and a free TCP port on it (a rendezvous point for rank 0)."""
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind((self._status.node_ip, 0))
-            return self._status.node_ip, sock.getsockname()[1]
+        return self._status.node_ip, free_port(self._status.node_ip)
 
     def restart(self) -> dict:
         """Start the child again after it exited with code 0 (counts as a restart)."""

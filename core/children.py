@@ -113,8 +113,8 @@ class Child:
         `child_env(env)`, its output appended to `log_path` (None: this process's own output).
         `own_group`: it leads a new process group, which its helpers join and `stop` ends
         whole. `scratch`: the launcher's temporary directory, removed by `stop` (at once when
-        the fork fails). From the main
-        thread or a `ChildOwnerThread`, the child dies with this process."""
+        the fork fails). From the main thread or a `ChildOwnerThread`, the child dies with
+        this process."""
         options = dict(stdin=subprocess.DEVNULL, env=child_env(env),
                        preexec_fn=death_signal_hook(), start_new_session=own_group)
         try:

@@ -118,7 +118,7 @@ def vllm_side_by_side(args: argparse.Namespace, sessions: list[int]) -> None:
     import json
 
     from config.engine import EngineServerConfig
-    from orchestrator.engines.launch import EngineProcess, VllmProcess
+    from orchestrator.engines.launch import start_engine, start_vllm
 
     if args.model is None:
         sys.exit("--backend vllm needs --model DIR (a checkpoint vLLM can load, e.g. "
@@ -138,11 +138,11 @@ def vllm_side_by_side(args: argparse.Namespace, sessions: list[int]) -> None:
 
     started = time.perf_counter()
     config = EngineServerConfig(threads=args.threads, max_batch=max(sessions))
-    with EngineProcess.start(args.model, config) as server:
+    with start_engine(args.model, config) as server:
         starts["embedded"] = time.perf_counter() - started
         measure("embedded", "stalewise", server.url)
     started = time.perf_counter()
-    with VllmProcess.start(args.model, extra_args=(
+    with start_vllm(args.model, extra_args=(
             "--dtype", "float32", "--max-model-len", str(args.prompt + args.tokens + 64),
             "--max-num-seqs", str(max(sessions)))) as server:
         starts["vllm"] = time.perf_counter() - started
@@ -182,7 +182,7 @@ def main() -> None:
     from engine.checkpoint import load_model
     from engine.core import Engine
     from engine.tiny import init_tiny
-    from orchestrator.engines.launch import EngineProcess
+    from orchestrator.engines.launch import start_engine
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
@@ -197,7 +197,7 @@ def main() -> None:
         results: dict[int, dict[str, list[float]]] = {
             b: {"http": [], "core": [], "hf": []} for b in sessions}
         config = EngineServerConfig(threads=args.threads, max_batch=max(sessions))
-        with EngineProcess.start(model_dir, config) as server:
+        with start_engine(model_dir, config) as server:
             for b in sessions:  # warm-up
                 anyio.run(http_rate, server.url, b, args.prompt, 8, vocab, 0)
                 core_rate(core, b, args.prompt, 8, 0)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import gc
 import os
-import subprocess
 import sys
 import threading
 from collections.abc import Sequence
@@ -39,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from core.children import child_env, death_signal_hook, free_port
+from core.children import Child, free_port, python_command
 from learner.batch import TrainingSample
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
@@ -113,15 +112,15 @@ def workers_from_env(configured: int) -> Workers | None:
     return Workers(rank=rank, world_size=world, local_rank=local)
 
 
-def launch_peers(argv: Sequence[str], world_size: int) -> tuple[Workers, list[subprocess.Popen]]:
+def launch_peers(argv: Sequence[str], world_size: int) -> tuple[Workers, list[Child]]:
     """Make this process rank 0 of `world_size` on 127.0.0.1 and start ranks 1.. as
-    `python argv` with the environment; they inherit its stdout/stderr and die with it."""
+    `python argv` with the environment; they write to its stdout/stderr (its log) and die
+    with it."""
     port = free_port()
     base = {"WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     os.environ.update({**base, "RANK": "0", "LOCAL_RANK": "0"})
-    peers = [subprocess.Popen([sys.executable, "-P", *argv], stdin=subprocess.DEVNULL,
-                              env=child_env({**base, "RANK": str(r), "LOCAL_RANK": str(r)}),
-                              preexec_fn=death_signal_hook())
+    peers = [Child.start(f"learner worker {r}", python_command(*argv), None,
+                         env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
              for r in range(1, world_size)]
     return Workers(rank=0, world_size=world_size), peers
 
@@ -135,7 +134,7 @@ def log_line(text: str, flush: bool = True) -> None:
         sys.stdout.flush()
 
 
-def exit_when_a_peer_dies(peers: Sequence[subprocess.Popen], log=log_line) -> threading.Event:
+def exit_when_a_peer_dies(peers: Sequence[Child], log=log_line) -> threading.Event:
     """Rank 0 exits (code 1) as soon as a peer it started exits on its own: its collectives
     would otherwise wait for the dead peer until the timeout. Set the returned event before
     the peers' orderly exit at the end of the run, or their code 0 would read as a death."""

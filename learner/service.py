@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from config.learner import LearnerConfig
+from core.children import Child
 from core.store.store import Store
 from learner.distributed import (
     SINGLE,
@@ -129,7 +130,7 @@ def _fingerprint(optimizer: torch.optim.Optimizer) -> float:
 class _Peers:
     """The ranks this process started (rank 0 of a local job) and the watch over them."""
 
-    processes: list[subprocess.Popen] = field(default_factory=list)
+    processes: list[Child] = field(default_factory=list)
     watch: threading.Event | None = None
 
     def name_the_dead(self, log) -> None:

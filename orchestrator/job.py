@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from config.job import JobConfig
 from config.learner import WarmStartJob
+from core.children import Child, python_command
 from core.evaluation import Evaluation, failure_changes, gain_figures, latest_by_label
 from core.log import bind_run, configure_logging, get_logger
 from core.store import audit
@@ -39,7 +40,7 @@ from orchestrator.engines.fleet import EngineFleet
 from orchestrator.evaluate import evaluate
 from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency
 from orchestrator.pools import PoolSet
-from orchestrator.processes import ChildProcess, Supervised, run_to_end
+from orchestrator.processes import Supervised, run_to_end
 from orchestrator.progress import show_progress, snapshot
 from orchestrator.report import rollout_dynamics, store_ledger, write_report
 from orchestrator.resume import recover_run
@@ -65,9 +66,9 @@ async def ensure_model(job: JobConfig) -> Path:
                                 f"point it at a Hugging Face model directory or set "
                                 f"model.create_tiny = true")
     log.info("creating the tiny default model", path=str(path))
-    await run_to_end(ChildProcess.start("model", ["-m", "stalewise", "model", "init-tiny",
-                                                  str(path), "--seed", str(job.run.seed)],
-                                        path.parent / "init-tiny.log"))
+    await run_to_end(Child.start("model", python_command(
+        "-m", "stalewise", "model", "init-tiny", str(path), "--seed", str(job.run.seed)),
+        path.parent / "init-tiny.log"))
     if not (path / "config.json").exists():
         raise RuntimeError(f"could not create the tiny model in {path}; see "
                            f"{path.parent / 'init-tiny.log'}")
@@ -93,7 +94,7 @@ async def warm_start(job: JobConfig, model_dir: Path, run_dir: Path) -> Path:
     argv = ["-m", "learner", "sft", str(model_dir), "--out", str(out),
             "--job", str(write_child_config(run_dir, "sft", section))]
     log.info("supervised warm start", demonstrations=sft.demonstrations, steps=sft.steps)
-    child = ChildProcess.start("sft", argv, run_dir / "sft.log")
+    child = Child.start("sft", python_command(*argv), run_dir / "sft.log")
     if await run_to_end(child) != 0 or not (out / "config.json").exists():
         raise RuntimeError(f"the SFT warm start failed; last log lines:\n{child.log_tail()}")
     done = json.loads((out / "stalewise.json").read_text())  # what `learner sft` measured
@@ -120,9 +121,9 @@ def learner_argv(job: JobConfig, run_id: str, model_dir: Path, run_dir: Path) ->
             "--publish-root", str(run_dir / "policy"), "--steps", str(job.pipeline.steps)]
 
 
-def start_learner(job: JobConfig, run_id: str, model_dir: Path, run_dir: Path) -> ChildProcess:
-    return ChildProcess.start("learner", learner_argv(job, run_id, model_dir, run_dir),
-                              run_dir / "learner.log")
+def start_learner(job: JobConfig, run_id: str, model_dir: Path, run_dir: Path) -> Child:
+    return Child.start("learner", python_command(*learner_argv(job, run_id, model_dir, run_dir)),
+                       run_dir / "learner.log")
 
 
 def place_learner_on_ray(job: JobConfig, run_id: str, model_dir: Path,

@@ -1,73 +1,35 @@
-"""Child processes of a job: the learner, SFT and model creation (the engine has its own
-launcher in `orchestrator.engines.launch`).
+"""How the job waits on and supervises its children (each a `core.children.Child`): the
+learner, SFT and model creation here; the engines through `orchestrator.engines.fleet`.
 
-Guarantees: a child started from the main thread dies with the job (SIGTERM on parent death,
-so a SIGKILLed orchestrator leaves no learner or engine behind); a child's output goes to a log
-file in the run directory; `stop` sends SIGTERM,
-waits, then SIGKILLs and always reaps it; `watch` raises `ChildDied` with the log's tail as soon
-as a child exits on its own, which fails the job's task group and so stops everything else.
+Guarantees: `run_to_end` waits for a one-shot child without blocking the event loop and stops
+it if the job is cancelled meanwhile; `watch` raises `ChildDied` with the log's tail as soon as
+a child exits on its own, which fails the job's task group and so stops everything else;
+`Supervised` restarts a child that dies within its `RestartBudget` (the learner's: 3 restarts
+within 10 minutes) and raises `ChildDied` beyond it.
 """
 
 from __future__ import annotations
 
-import subprocess
-import time
-from pathlib import Path
 from typing import Callable
 
 import anyio
 
-from core.children import child_env, death_signal_hook, python_command
+from core.children import Child, RestartBudget
 
 
 class ChildDied(RuntimeError):
     """A child process exited while the job still needed it."""
 
 
-class ChildProcess:
-    def __init__(self, name: str, process: subprocess.Popen, log_path: Path) -> None:
-        self.name, self.process, self.log_path = name, process, log_path
-
-    @classmethod
-    def start(cls, name: str, argv: list[str], log_path: Path,
-              env: dict[str, str] | None = None) -> "ChildProcess":
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(python_command(*argv), stdout=log,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=child_env(env), preexec_fn=death_signal_hook())
-        return cls(name, process, log_path)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 15.0) -> int | None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
-
-
-async def run_to_end(child: ChildProcess, *, poll_s: float = 0.2) -> int:
+async def run_to_end(child: Child, *, poll_s: float = 0.2) -> int:
     """Wait for a one-shot child (model creation, SFT) without blocking the event loop; if the
     job is cancelled meanwhile (SIGTERM, Ctrl-C), the child is stopped too. Returns its code."""
     try:
-        while (code := child.process.poll()) is None:
+        while (code := child.poll()) is None:
             await anyio.sleep(poll_s)
         return code
     finally:
-        if child.process.poll() is None:
+        if child.poll() is None:
             child.stop(timeout=5.0)
 
 
@@ -85,32 +47,11 @@ async def watch(name: str, poll: Callable[[], int | None], log_tail: Callable[[]
         await anyio.sleep(interval_s)
 
 
-class RestartBudget:
-    """At most `max_restarts` restarts within any `window_s` seconds: a child that dies now and
-    then over a long job is always restarted, one that keeps dying is given up on."""
-
-    def __init__(self, max_restarts: int = 3, window_s: float = 600.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.max_restarts, self.window_s, self.clock = max_restarts, window_s, clock
-        self._recent: list[float] = []
-        self.restarts = 0  # in all
-
-    def allow(self) -> bool:
-        """Whether one more restart is within the budget; counts it when it is."""
-        now = self.clock()
-        self._recent = [t for t in self._recent if now - t < self.window_s]
-        if len(self._recent) >= self.max_restarts:
-            return False
-        self._recent.append(now)
-        self.restarts += 1
-        return True
-
-
 class Supervised:
     """A child that is restarted when it dies unexpectedly (the learner: it resumes from its
     last published checkpoint), within a `RestartBudget`; beyond it `ChildDied` is raised."""
 
-    def __init__(self, name: str, start: Callable[[], ChildProcess], *,
+    def __init__(self, name: str, start: Callable[[], Child], *,
                  budget: RestartBudget | None = None,
                  log: Callable[..., None] | None = None) -> None:
         self.name, self._start = name, start
@@ -124,7 +65,7 @@ class Supervised:
 
     async def run(self, *, expected_exit: Callable[[], bool], interval_s: float = 0.5) -> None:
         while True:
-            code = self.process.process.poll()
+            code = self.process.poll()
             if code is not None:
                 if code == 0 and expected_exit():
                     return

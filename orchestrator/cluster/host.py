@@ -1,13 +1,14 @@
 """The body of every Ray actor of a job: one child process on this node, supervised.
 
-Guarantees: the child is started, watched and restarted by one supervisor thread that lives as
-long as the actor, so the child gets SIGTERM if the actor's process dies (it never outlives
-its host); a child that exits unexpectedly is restarted at most `max_restarts` times (each
-restart and its log tail are kept in `status()`), then the host reports `failed` and stops
-trying; a child whose launch says `exit_ok` and that exits with code 0 is `exited` (its work is
-done) until the driver asks for `restart()`; `replace()` restarts it with the weights the
-driver names (a router's restart of a replica); `stop()` ends the supervisor first, then the
-child (SIGTERM, then SIGKILL), and always reaps it.
+Guarantees: the child (a `core.children.Child`) is started, watched and restarted by one
+supervisor thread that lives as long as the actor, so the child gets SIGTERM if the actor's
+process dies (it never outlives its host); a child that exits unexpectedly is restarted at
+most `max_restarts` times in all (a `RestartBudget`; each restart and its log tail are kept in
+`status()`), then the host reports `failed` and stops trying; a child whose launch says
+`exit_ok` and that exits with code 0 is `exited` (its work is done) until the driver asks for
+`restart()`; `replace()` restarts it with the weights the driver names (a router's restart of
+a replica); every restart, asked for or not, counts against the budget; `stop()` ends the
+supervisor first, then the child (SIGTERM, then SIGKILL), and always reaps it.
 
 The class has no Ray import at module level: the driver wraps it with `ray.remote` (placement
 module), and tests may drive it directly.
@@ -15,13 +16,14 @@ module), and tests may drive it directly.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from core.children import ChildOwnerThread
-from orchestrator.cluster.launch import Child, Launch
+from core.children import Child, ChildOwnerThread, RestartBudget, free_port
+from orchestrator.cluster.launch import Launch
 
 
 @dataclass
@@ -42,7 +44,8 @@ class ChildHost:
     def __init__(self, launch: Launch, *, max_restarts: int = 3, poll_s: float = 0.25,
                  env: dict[str, str] | None = None) -> None:
         node_ip, node_id = _node_identity()
-        self._launch, self._max_restarts, self._poll_s = launch, max_restarts, poll_s
+        self._launch, self._poll_s = launch, poll_s
+        self._budget = RestartBudget(max_restarts, window_s=math.inf)
         self._env = dict(env or {})
         self._status = HostStatus(launch.name, node_ip, node_id)
         self._child: Child | None = None
@@ -84,11 +87,7 @@ class ChildHost:
 
     def node_address(self) -> tuple[str, int]:
         """This node's IP and a free TCP port on it (a rendezvous point for rank 0)."""
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind((self._status.node_ip, 0))
-            return self._status.node_ip, sock.getsockname()[1]
+        return self._status.node_ip, free_port(self._status.node_ip)
 
     def restart(self) -> dict:
         """Start the child again after it exited with code 0 (counts as a restart)."""
@@ -160,10 +159,10 @@ class ChildHost:
         with self._lock:
             self._status.failures.append(f"{why}; last log lines:\n{tail}")
             self._status.exit_code = self._child.poll() if self._child is not None else None
-            if self._status.restarts >= self._max_restarts:
+            if not self._budget.allow():
                 self._status.state = "failed"
                 return False
-            self._status.restarts += 1
+            self._status.restarts = self._budget.restarts
             self._status.state = "starting"
         return self._launch_child(previous=self._child, weights=weights)
 

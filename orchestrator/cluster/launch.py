@@ -1,10 +1,11 @@
-"""How a Ray actor starts its child on its node: the same commands a local job runs.
+"""How a Ray actor starts its child on its node: the same commands a local job runs, as the
+same `core.children.Child`.
 
-`EngineLaunch` starts `python -m engine serve` through `orchestrator.engines.launch.EngineProcess`, bound to
-the node's own address so other nodes reach it; a restart reuses the port the first start got
-(the replica keeps its URL) and serves the newest weights the store lists as published (every
-node reaches the one PostgreSQL store). `CommandLaunch` starts any `python -m ...` child (the
-learner's `serve`) through `orchestrator.processes.ChildProcess`.
+`EngineLaunch` starts `python -m engine serve` through `orchestrator.engines.launch.start_engine`,
+bound to the node's own address so other nodes reach it; a restart reuses the port the first
+start got (the replica keeps its URL) and serves the newest weights the store lists as
+published (every node reaches the one PostgreSQL store). `CommandLaunch` starts any
+`python -m ...` child (the learner's `serve`).
 
 Both are small picklable values: the driver builds them, Ray ships them to the actor.
 """
@@ -17,18 +18,7 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from config.engine import EngineServerConfig
-
-
-class Child(Protocol):
-    """A started child process, as the host supervises it."""
-
-    url: str | None
-    pid: int
-    log_path: Path
-
-    def poll(self) -> int | None: ...
-    def stop(self, timeout: float) -> int | None: ...
-    def log_tail(self, chars: int) -> str: ...
+from core.children import Child, python_command
 
 
 class Launch(Protocol):
@@ -39,25 +29,6 @@ class Launch(Protocol):
 
     def start(self, host: str, previous: Child | None, env: dict[str, str],
               weights: tuple[str, int] | None = None) -> Child: ...
-
-
-@dataclass
-class _Started:
-    url: str | None
-    pid: int
-    log_path: Path
-    _poll: object
-    _stop: object
-    _tail: object
-
-    def poll(self) -> int | None:
-        return self._poll()
-
-    def stop(self, timeout: float) -> int | None:
-        return self._stop(timeout)
-
-    def log_tail(self, chars: int = 4000) -> str:
-        return self._tail(chars)
 
 
 @dataclass(frozen=True)
@@ -78,7 +49,7 @@ class EngineLaunch:
               weights: tuple[str, int] | None = None) -> Child:
         """`weights` (checkpoint, version) when the driver names them; else a restart serves
         the newest published version and a first start `initial_version`."""
-        from orchestrator.engines.launch import EngineProcess
+        from orchestrator.engines.launch import start_engine
 
         model_dir, version = self.model_dir, self.initial_version
         if weights is not None:
@@ -86,13 +57,10 @@ class EngineLaunch:
         elif previous is not None and self.db_url and self.run_id:
             model_dir, version = self._newest_published(model_dir, version)
         port = urlsplit(previous.url).port if previous is not None and previous.url else 0
-        Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
-        process = EngineProcess.start(
+        return start_engine(
             model_dir, self.server, host=host, port=port or 0, initial_version=version,
             seed=self.seed, config_path=self.config_path, log_path=self.log_path,
             startup_timeout=self.startup_timeout_s, env=env)
-        return _Started(process.url, process.pid, Path(self.log_path), process.poll,
-                        process.stop, process.log_tail)
 
     def _newest_published(self, model_dir: str, version: int) -> tuple[str, int]:
         from core.store.store import Store
@@ -115,9 +83,5 @@ class CommandLaunch:
 
     def start(self, host: str, previous: Child | None, env: dict[str, str],
               weights: tuple[str, int] | None = None) -> Child:
-        from orchestrator.processes import ChildProcess
-
-        child = ChildProcess.start(self.name, self.argv, Path(self.log_path),
-                                   env={**self.env, **env})
-        return _Started(None, child.pid, child.log_path, child.process.poll, child.stop,
-                        child.log_tail)
+        return Child.start(self.name, python_command(*self.argv), Path(self.log_path),
+                           env={**self.env, **env})

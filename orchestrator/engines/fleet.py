@@ -33,10 +33,17 @@ from anyio.abc import TaskStatus
 
 from config.engine import EngineConfig
 from config.job import JobConfig
+from core.children import Child
 from core.engine_api import EngineClient
 from core.log import get_logger
 from orchestrator.engines.embedded import engine_client
-from orchestrator.engines.launch import hold_checkpoint
+from orchestrator.engines.launch import (
+    engine_ready,
+    hold_checkpoint,
+    spawn_engine,
+    start_engine,
+    start_vllm,
+)
 from orchestrator.engines.replicas import ReplicaRouter
 
 if TYPE_CHECKING:
@@ -52,32 +59,26 @@ class LocalReplicas:
                  run_dir: Path) -> None:
         self.cfg, self.model_dir, self.version, self.seed = cfg, model_dir, version, seed
         self.run_dir = run_dir
-        self.processes: list = []
-        self._starting: list = []  # restarts forked but not answering yet (stopped by `stop`)
+        self.processes: list[Child] = []
+        self._starting: list[Child] = []  # restarts forked, not answering yet (`stop` ends them)
 
     def start(self) -> LocalReplicas:
         """Fork every replica, then wait for all (blocking: call before the job's loop runs
         its tasks, from the main thread)."""
-        pending = [self._spawn(i, self.model_dir, self.version)
-                   for i in range(self.cfg.replicas)]
+        forked = [self._spawn(i, self.model_dir, self.version) for i in range(self.cfg.replicas)]
         try:
-            for p in pending:
-                self.processes.append(p.ready(self.cfg.startup_timeout_s))
+            for child in forked:
+                self.processes.append(engine_ready(child, self.cfg.startup_timeout_s))
         except BaseException:
-            for p in pending:
-                if p.process.poll() is None:
-                    p.process.kill()
-                    p.process.wait()
+            for child in forked:
+                child.stop(0)
             raise
         return self
 
-    def _spawn(self, index: int, model_dir: Path, version: int):
-        from orchestrator.engines.launch import EngineProcess
-
-        return EngineProcess.spawn(model_dir, self.cfg.server_fields(),
-                                   config_path=self.run_dir / "engine.json",
-                                   initial_version=version, seed=self.seed + index,
-                                   log_path=self.run_dir / f"engine-r{index}.log")
+    def _spawn(self, index: int, model_dir: Path, version: int) -> Child:
+        return spawn_engine(model_dir, self.cfg.server_fields(),
+                            config_path=self.run_dir / "engine.json", initial_version=version,
+                            seed=self.seed + index, log_path=self.run_dir / f"engine-r{index}.log")
 
     @property
     def urls(self) -> list[str]:
@@ -90,12 +91,13 @@ class LocalReplicas:
         model_dir = hold_checkpoint(model_dir, self.run_dir / f"engine-r{index}-weights")
         old = self.processes[index]
         await anyio.to_thread.run_sync(old.stop, 10.0)
-        pending = self._spawn(index, model_dir, version)  # forked on the loop's thread
-        self._starting.append(pending)
+        forked = self._spawn(index, model_dir, version)  # forked on the loop's thread
+        self._starting.append(forked)
         try:
-            process = await anyio.to_thread.run_sync(pending.ready, self.cfg.startup_timeout_s)
+            process = await anyio.to_thread.run_sync(engine_ready, forked,
+                                                     self.cfg.startup_timeout_s)
         finally:
-            self._starting.remove(pending)
+            self._starting.remove(forked)
         self.processes[index] = process
         log.info("engine replica restarted", replica=index, url=process.url, version=version)
         client = engine_client(process.url, initial_version=version)
@@ -103,36 +105,32 @@ class LocalReplicas:
         return client
 
     def stop(self) -> None:
-        for pending in self._starting:
-            if pending.process.poll() is None:
-                pending.process.kill()
-                pending.process.wait()
+        for forked in self._starting:
+            forked.stop(0)
         for process in self.processes:
             process.stop()
         for hold in self.run_dir.glob("engine-r*-weights"):
             shutil.rmtree(hold, ignore_errors=True)
 
 
-def _start_one(job: JobConfig, model_dir: Path, version: int, run_dir: Path):
+def _start_one(job: JobConfig, model_dir: Path, version: int, run_dir: Path) -> Child:
     """The one engine process of a default job (blocking: from the main thread)."""
-    from orchestrator.engines.launch import EngineProcess, VllmProcess
-
     if job.engine.kind == "vllm":
-        return VllmProcess.start(model_dir, port=job.engine.port, initial_version=version,
-                                 extra_args=tuple(job.engine.extra_args),
-                                 log_path=run_dir / "engine.log",
-                                 startup_timeout=job.engine.startup_timeout_s)
-    return EngineProcess.start(model_dir, job.engine.server_fields(),
-                               config_path=run_dir / "engine.json", port=job.engine.port,
-                               initial_version=version, seed=job.engine.seed,
-                               log_path=run_dir / "engine.log",
-                               startup_timeout=job.engine.startup_timeout_s)
+        return start_vllm(model_dir, port=job.engine.port, initial_version=version,
+                          extra_args=tuple(job.engine.extra_args),
+                          log_path=run_dir / "engine.log",
+                          startup_timeout=job.engine.startup_timeout_s)
+    return start_engine(model_dir, job.engine.server_fields(),
+                        config_path=run_dir / "engine.json", port=job.engine.port,
+                        initial_version=version, seed=job.engine.seed,
+                        log_path=run_dir / "engine.log",
+                        startup_timeout=job.engine.startup_timeout_s)
 
 
 class EngineFleet:
     """The job's engines (see module docstring)."""
 
-    def __init__(self, cfg: EngineConfig, *, version: int, single=None,
+    def __init__(self, cfg: EngineConfig, *, version: int, single: Child | None = None,
                  replicas: "LocalReplicas | RayEngines | None" = None) -> None:
         self.cfg, self.version = cfg, version
         self.single = single          # the one engine process started here

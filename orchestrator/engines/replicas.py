@@ -26,9 +26,10 @@ Guarantees:
   fails too, or that finds no replica up, raises `EngineError`; the job's pipeline then pauses
   dispatch while `health()` (any replica up) is False.
 - Recovery: with a `restart` callback the `run` task restarts a down replica (at most
-  `max_restarts` times) at the newest weights this router applied, and takes it back; without
-  one it keeps probing and takes the replica back when it answers again (an externally run
-  server that came back), first bringing it to the newest weights.
+  `max_restarts` times in all: each replica's `RestartBudget`) at the newest weights this
+  router applied, and takes it back; without one it keeps probing and takes the replica back
+  when it answers again (an externally run server that came back), first bringing it to the
+  newest weights.
 - A restarted replica holds only the newest version: a session pinned (`async`) to an older
   version that moves there fails with `VersionNotResidentError` unless another up replica still
   holds that version (moved sessions prefer the replica they can be served by).
@@ -38,6 +39,7 @@ No torch here.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +48,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
+from core.children import RestartBudget
 from core.engine_api import (
     EngineClient,
     EngineError,
@@ -76,7 +79,7 @@ class Replica:
     down_reason: str = ""
     outstanding_tokens: int = 0
     sessions: int = 0
-    restarts: int = 0
+    budget: RestartBudget = field(default_factory=lambda: RestartBudget(0, math.inf))
     probe_failures: int = 0
     in_flight: set[anyio.CancelScope] = field(default_factory=set)
     # weights versions this replica may hold (pinning): updated by fan-outs and restarts
@@ -122,7 +125,8 @@ class ReplicaRouter:
         if len(kinds) != 1:
             raise ValueError(f"the replicas behind one router are of one kind, got {sorted(kinds)}")
         self.kind: EngineKind = kinds.pop()
-        self.replicas = [Replica(i, c, versions={initial_version})
+        self.replicas = [Replica(i, c, versions={initial_version},
+                                 budget=RestartBudget(max_restarts, window_s=math.inf))
                          for i, c in enumerate(clients)]
         self.restart, self.max_restarts = restart, max_restarts
         self.health_interval_s, self.health_failures = health_interval_s, health_failures
@@ -320,16 +324,15 @@ class ReplicaRouter:
                     self._mark_down(replica, f"did not answer /health {self.health_failures} "
                                              f"times in a row")
             elif self.restart is not None:
-                if replica.restarts < self.max_restarts:
+                if replica.budget.allow():
                     await self._restart(replica)
             elif await self._probe(replica):
                 await self._take_back(replica, replica.client)
 
     async def _restart(self, replica: Replica) -> None:
-        replica.restarts += 1
         self.stats.restarts += 1
-        log.warning("restarting engine replica", replica=replica.name, restart=replica.restarts,
-                    of=self.max_restarts)
+        log.warning("restarting engine replica", replica=replica.name,
+                    restart=replica.budget.restarts, of=self.max_restarts)
         assert self.restart is not None
         try:
             client = await self.restart(replica.index, self._newest)

@@ -9,7 +9,7 @@ import pytest
 from config.engine import EngineConfig, EngineServerConfig
 from config.errors import ConfigError
 from config.job import parse_config
-from orchestrator.engines.launch import EngineProcess
+from orchestrator.engines.launch import start_engine
 
 NOT_DEFAULT = EngineServerConfig(max_batch=5, session_cache_mb=3.5, max_resident_versions=2,
                                  max_model_len=96, max_prefill_tokens=77, threads=2,
@@ -24,7 +24,7 @@ def test_the_check_sets_every_field_to_something_else_than_its_default():
 
 
 def test_every_engine_config_field_reaches_the_engine_child(model_v0, tmp_path):
-    with EngineProcess.start(model_v0, NOT_DEFAULT, config_path=tmp_path / "engine.json") as p:
+    with start_engine(model_v0, NOT_DEFAULT, config_path=tmp_path / "engine.json") as p:
         info = httpx.get(f"{p.url}/stalewise/info", timeout=30).json()
     assert info["config"] == NOT_DEFAULT.model_dump()
     assert EngineServerConfig.model_validate_json((tmp_path / "engine.json").read_text()) \

@@ -31,7 +31,7 @@ from core.engine_api import (
     decode_generate_reply,
 )
 from orchestrator.engines.embedded import EngineTimeouts, engine_client
-from orchestrator.engines.launch import EngineProcess, LaunchError
+from orchestrator.engines.launch import LaunchError, start_engine
 
 pytestmark = pytest.mark.slow
 
@@ -41,14 +41,14 @@ PROMPTS = [[10 + (11 * i + 3 * j) % 90 for j in range(6 + i % 7)] for i in range
 @pytest.fixture(scope="module")
 def server(model_v0):
     config = EngineServerConfig(served_model_name="tiny")
-    with EngineProcess.start(model_v0, config, seed=7) as process:
+    with start_engine(model_v0, config, seed=7) as process:
         yield process
 
 
 @pytest.fixture(scope="module")
 def update_server(model_v0):
     """A server whose weights the tests below update (versions only go up)."""
-    with EngineProcess.start(model_v0, EngineServerConfig(served_model_name="tiny")) as process:
+    with start_engine(model_v0, EngineServerConfig(served_model_name="tiny")) as process:
         yield process
 
 
@@ -308,7 +308,7 @@ def test_vllm_client_path_against_the_compatible_server(update_server, tmp_path,
 
 def test_launcher_reports_a_model_that_cannot_be_served(tmp_path):
     with pytest.raises(LaunchError, match="does not exist"):
-        EngineProcess.start(tmp_path / "nothing", startup_timeout=60)
+        start_engine(tmp_path / "nothing", startup_timeout=60)
 
 
 def test_server_stops_cleanly(update_server):
@@ -389,8 +389,8 @@ def test_an_engine_does_not_outlive_a_crashed_parent(model_v0):
     import os
     import time
 
-    code = ("import sys, time; from orchestrator.engines.launch import EngineProcess; "
-            f"p = EngineProcess.start({str(model_v0)!r}); print(p.pid, flush=True); time.sleep(120)")
+    code = ("import sys, time; from orchestrator.engines.launch import start_engine; "
+            f"p = start_engine({str(model_v0)!r}); print(p.pid, flush=True); time.sleep(120)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         child = int(parent.stdout.readline())
@@ -408,25 +408,3 @@ def test_an_engine_does_not_outlive_a_crashed_parent(model_v0):
         time.sleep(0.1)
     os.kill(child, signal.SIGKILL)
     raise AssertionError("the engine kept running after its parent was killed")
-
-
-def test_stopping_a_server_in_its_own_group_ends_the_helpers_it_left(tmp_path):
-    """vLLM's server runs its engine core and workers as children; when the server itself is
-    SIGKILLed they stay alive (gigabytes each). Stopping it ends every process of its group."""
-    import os
-    import time
-
-    from orchestrator.engines.launch import _Child, group_members
-
-    server = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 600 & wait"],
-                              start_new_session=True)
-    child = _Child(server, "http://127.0.0.1:0", tmp_path / "log", tmp_path, own_group=True)
-    deadline = time.monotonic() + 30
-    while len(group_members(server.pid)) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(group_members(server.pid)) == 3  # the server and its two helpers
-    os.kill(server.pid, signal.SIGKILL)
-    server.wait()
-    assert len(group_members(server.pid)) == 2  # the helpers outlive it
-    child.terminate(5.0)
-    assert group_members(server.pid) == []

@@ -28,7 +28,7 @@ from engine.core import Engine
 from engine.requests import EngineOutput, RequestError, SamplingSpec
 from engine.versions import VersionNotResident, plan_residency
 from orchestrator.engines.embedded import VersionNotResidentError, engine_client
-from orchestrator.engines.launch import EngineProcess
+from orchestrator.engines.launch import start_engine
 
 PROMPTS = [[10 + (5 * i + 3 * j) % 90 for j in range(7 + 2 * i)] for i in range(4)]
 SPEC = SamplingSpec(max_tokens=24, ignore_eos=True)
@@ -276,7 +276,7 @@ async def _pinned_over_http(url: str, model_v0, model_v1, reference) -> None:
 
 
 def test_pinned_view_over_http(model_v0, model_v1, reference):
-    with EngineProcess.start(model_v0, EngineServerConfig(max_resident_versions=3)) as server:
+    with start_engine(model_v0, EngineServerConfig(max_resident_versions=3)) as server:
         anyio.run(_pinned_over_http, server.url, model_v0, model_v1, reference)
 
 

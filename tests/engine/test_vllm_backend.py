@@ -1,7 +1,7 @@
 """The vLLM backend against vLLM itself (the CPU build in .venv-vllm; the GPU build where one is).
 
 One vLLM server for the module, serving SmolLM2-135M-Instruct in float32 through
-`orchestrator.engines.launch.VllmProcess`; the tests talk to it through the orchestrator's client
+`orchestrator.engines.launch.start_vllm`; the tests talk to it through the orchestrator's client
 (`engine_client(url, kind="vllm")`), as a job does. Weights versions only go up on a server,
 so the module keeps one ledger (`Served`) of which checkpoint each version is; a later test
 loads v0's or v1's weights again under a new version number.
@@ -45,7 +45,7 @@ from vllm_fixtures import (
 
 from core.engine_api import EngineError, GenerateRequest, GenerateResult, SamplingParams
 from orchestrator.engines.embedded import engine_client
-from orchestrator.engines.launch import VllmProcess
+from orchestrator.engines.launch import start_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -80,9 +80,9 @@ def weights(smollm2_dir, tmp_path_factory) -> dict[str, Path]:
 def served(weights, tmp_path_factory):
     require_vllm()
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with VllmProcess.start(weights["v0"], served_model_name="smollm2", log_path=log,
-                           extra_args=(*VLLM_TEST_ARGS, "--max-num-queued-reqs", str(QUEUE_LIMIT)),
-                           startup_timeout=VLLM_STARTUP_S) as server:
+    with start_vllm(weights["v0"], served_model_name="smollm2", log_path=log,
+                    extra_args=(*VLLM_TEST_ARGS, "--max-num-queued-reqs", str(QUEUE_LIMIT)),
+                    startup_timeout=VLLM_STARTUP_S) as server:
         yield Served(server.url, {0: weights["v0"]})
 
 

@@ -26,9 +26,9 @@ import pytest
 from sqlalchemy import select
 from test_job_faults import alive, check_exactly_once, children_of, learner_steps, wait_for
 
+from core.children import group_members
 from core.store import schema as s
 from core.store.store import Store
-from orchestrator.engines.launch import group_members
 
 pytestmark = [pytest.mark.vllm, pytest.mark.docker, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

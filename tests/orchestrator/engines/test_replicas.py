@@ -259,6 +259,29 @@ async def test_a_restarted_replica_comes_back_at_the_newest_weights():
                                                "(did not answer /health 3 times in a row)")
 
 
+async def test_a_replica_is_restarted_at_most_max_restarts_times_in_all():
+    """Each replica's `RestartBudget`: failed restarts count, and once `max_restarts` are spent
+    the replica stays down (the others serve) however long the job runs."""
+    attempts: list[int] = []
+
+    async def restart(index, newest):
+        attempts.append(index)
+        raise EngineError("the replica did not come up")
+
+    router, fakes = router_of(2, restart=restart, max_restarts=2)
+    fakes[0].dead = True
+    async with anyio.create_task_group() as tg:
+        await tg.start(router.run)
+        with anyio.fail_after(60):  # hang guard
+            while len(attempts) < 2:
+                await anyio.sleep(0.01)
+        await anyio.sleep(0.5)  # fifty more supervisor rounds: no third attempt
+        tg.cancel_scope.cancel()
+    assert attempts == [0, 0] and router.stats.restarts == 2
+    assert not router.replicas[0].up and router.replicas[1].up
+    assert (await conversation(router, "a/0", turns=1))[0].engine_id == "r1"
+
+
 @pytest.mark.parametrize("found", ["while supervised", "before the supervisors run"])
 async def test_a_replica_found_dead_by_a_call_is_restarted_without_waiting_for_a_probe(found):
     """A job can end seconds after a replica dies: its restart must not wait a probe interval,

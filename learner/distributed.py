@@ -223,7 +223,8 @@ def placeholder(like: TrainingSample, pad_id: int, index: int, rank: int) -> Tra
                    weights_versions=[-1], reward=0.0, group_id=("placeholder", rank, index),
                    trajectory_id=("placeholder", rank, index),
                    sampler_topk_ids=_first_row(like.sampler_topk_ids),
-                   sampler_topk_logprobs=_first_row(like.sampler_topk_logprobs))
+                   sampler_topk_logprobs=_first_row(like.sampler_topk_logprobs),
+                   model_call_ids=(), call_spans=())
 
 
 def _first_row(values: Any) -> Any:

@@ -67,8 +67,7 @@ def storable(text: str) -> str:
 
 def outcome_values(outcome: TrajectoryOutcome) -> dict[str, Any]:
     """The `trajectories` columns an outcome fills in."""
-    kv = [int(s.kv_versions[s.loss_mask.astype(bool)].min()) for s in outcome.segments
-          if s.num_sampled]
+    kv = [int(s.kv_versions[s.loss_mask].min()) for s in outcome.segments if s.num_sampled]
     error = outcome.error
     if outcome.error_type and error:
         error = f"{outcome.error_type}: {error}"

@@ -508,22 +508,6 @@ class Store:
                                   .order_by(table.c.step)))
 
     # ---------------------------------------------------------------- trainer log-probs
-    def model_call_layout(self, trajectory_ids: Sequence[int]
-                          ) -> dict[int, list[tuple[int, int, np.ndarray]]]:
-        """(model call id, sampled tokens, loss mask) per trajectory, in the learner's order
-        (segment, turn, id): the order in which its sampled tokens form the training sample."""
-        table = s.ModelCall.__table__
-        out: dict[int, list[tuple[int, int, np.ndarray]]] = {tid: [] for tid in trajectory_ids}
-        with self.engine.connect() as c:
-            rows = c.execute(select(table.c.id, table.c.trajectory_id, table.c.num_tokens,
-                                    table.c.loss_mask)
-                             .where(table.c.trajectory_id.in_(list(trajectory_ids)))
-                             .order_by(table.c.trajectory_id, table.c.segment, table.c.turn,
-                                       table.c.id))
-            for r in rows:
-                out[r.trajectory_id].append((r.id, r.num_tokens, unpack(r.loss_mask, UINT8)))
-        return out
-
     def insert_trainer_logprobs(self, run_id: str, rows: Sequence[dict[str, Any]]) -> None:
         """Rows of `trainer_logprobs` (model_call_id, learner_step, policy_version, num_tokens,
         logprobs as packed float32), in one transaction."""

@@ -17,13 +17,16 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from numbers import Integral
+from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 
 from core.samples import ModelCallTokens, segment_samples
 
 GroupId = str | int
+SampleKind = Literal["rollout", "demonstration", "placeholder"]
+SAMPLE_KINDS: tuple[SampleKind, ...] = get_args(SampleKind)
 
 
 def _frozen(array: Any, dtype: Any, name: str) -> np.ndarray:
@@ -51,6 +54,9 @@ class TrainingSample:
     trajectory_id, sequence     provenance; `sequence` is the admission-log number (>= 1)
     model_call_ids, call_spans  the stored model calls it was built from and [start, stop) of
                                 each call's sampled tokens (empty when it has none)
+    kind                        "rollout" (trajectory_id is the store's, or a synthetic one's),
+                                "demonstration" (its index) or "placeholder" (a data-parallel
+                                rank's filler row); rows of one trajectory share (kind, id)
     """
 
     token_ids: np.ndarray
@@ -59,16 +65,28 @@ class TrainingSample:
     weights_versions: np.ndarray
     reward: float
     group_id: GroupId
-    trajectory_id: GroupId
+    trajectory_id: int
     sequence: int = 0
     sampler_topk_ids: np.ndarray | None = None
     sampler_topk_logprobs: np.ndarray | None = None
     model_call_ids: tuple[int, ...] = ()
     call_spans: tuple[tuple[int, int], ...] = ()
+    kind: SampleKind = "rollout"
     length: int = field(init=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        if isinstance(self.trajectory_id, bool) or not isinstance(self.trajectory_id, Integral):
+            raise ValueError(
+                f"TrainingSample: trajectory_id {self.trajectory_id!r} is not an int (a "
+                "demonstration or placeholder says so with kind, not with its id)"
+            )
+        set_(self, "trajectory_id", int(self.trajectory_id))
+        if self.kind not in SAMPLE_KINDS:
+            raise ValueError(
+                f"TrainingSample {self.trajectory_id}: kind {self.kind!r} is not one of "
+                f"{', '.join(SAMPLE_KINDS)}"
+            )
         set_(self, "token_ids", _frozen(self.token_ids, np.int64, "token_ids"))
         set_(self, "loss_mask", _frozen(self.loss_mask, np.bool_, "loss_mask"))
         set_(
@@ -139,6 +157,12 @@ class TrainingSample:
             end = stop
 
     @property
+    def member(self) -> tuple[str, int]:
+        """The trajectory this row belongs to: the rows (segments) of one trajectory share it,
+        and no demonstration or placeholder shares a rollout's."""
+        return self.kind, self.trajectory_id
+
+    @property
     def topk(self) -> int:
         return 0 if self.sampler_topk_ids is None else int(self.sampler_topk_ids.shape[1])
 
@@ -156,6 +180,7 @@ class TrainingSample:
             "group_id": self.group_id,
             "trajectory_id": self.trajectory_id,
             "sequence": self.sequence,
+            "kind": self.kind,
         }
         if self.model_call_ids:
             out["model_call_ids"] = list(self.model_call_ids)
@@ -183,11 +208,11 @@ class TrainingSample:
         if missing:
             raise ValueError(
                 f"sample is missing {', '.join(missing)}; every sample needs "
-                f"{', '.join(required)} (sequence, sampler_topk_*, model_call_ids and "
-                "call_spans optional)"
+                f"{', '.join(required)} (sequence, sampler_topk_*, model_call_ids, "
+                "call_spans and kind optional)"
             )
         optional = {"sequence", "sampler_topk_ids", "sampler_topk_logprobs", "model_call_ids",
-                    "call_spans"}
+                    "call_spans", "kind"}
         unknown = set(data) - set(required) - optional
         if unknown:
             raise ValueError(f"sample has unknown keys {sorted(unknown)}")
@@ -207,6 +232,7 @@ class TrainingSample:
             sampler_topk_logprobs=topk_lp,
             model_call_ids=tuple(data.get("model_call_ids", ())),
             call_spans=tuple(tuple(span) for span in data.get("call_spans", ())),
+            kind=data.get("kind", "rollout"),
         )
 
 
@@ -222,7 +248,7 @@ def samples_from_calls(
     *,
     reward: float,
     group_id: GroupId,
-    trajectory_id: GroupId,
+    trajectory_id: int,
     sequence: int = 0,
     trainable: bool = True,
 ) -> list[TrainingSample]:
@@ -253,7 +279,8 @@ def samples_from_calls(
 def demonstration(
     token_ids: Sequence[int] | np.ndarray, loss_mask: Sequence[int] | np.ndarray, index: int = 0
 ) -> TrainingSample:
-    """A supervised demonstration as a sample (no sampler data, reward 0, its own group)."""
+    """A supervised demonstration as a sample (kind "demonstration", its index as trajectory id;
+    no sampler data, reward 0, its own group)."""
     n = len(token_ids)
     return TrainingSample(
         token_ids=token_ids,
@@ -262,8 +289,9 @@ def demonstration(
         weights_versions=np.full(n, -1),
         reward=0.0,
         group_id=f"demo-{index}",
-        trajectory_id=f"demo-{index}",
+        trajectory_id=index,
         sequence=index + 1,
+        kind="demonstration",
     )
 
 

@@ -43,7 +43,7 @@ class SqlRecorder:
             sampling = {**(json.loads(sampling) if isinstance(sampling, str) else sampling),
                         "kv_recompute": storable(record.recompute_reason)}
         await self.writer.put_model_call(model_call_row(
-            trajectory_id=int(record.trajectory_id), turn=record.turn, segment=record.segment,
+            trajectory_id=record.trajectory_id, turn=record.turn, segment=record.segment,
             context_len=record.context_len, prompt_token_ids=record.prompt_token_ids,
             tokens=record.tokens, sampling=sampling,
             engine_id=record.engine_id, finish_reason=record.finish_reason,
@@ -52,7 +52,7 @@ class SqlRecorder:
 
     async def tool_call(self, record: ToolCallRecord) -> None:
         await self.writer.put_tool_call(dict(
-            trajectory_id=int(record.trajectory_id), turn=record.turn, index=record.index,
+            trajectory_id=record.trajectory_id, turn=record.turn, index=record.index,
             name=storable(record.tool_name or ""), arguments=storable(record.arguments_json),
             observation=storable(record.observation), exit_code=record.exit_code,
             error_type=record.error_type, timed_out=record.timed_out,

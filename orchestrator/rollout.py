@@ -147,11 +147,11 @@ def start_sandbox(factory: Callable[[SandboxSpec], Sandbox]) -> SandboxAcquirer:
 async def run_trajectory(*, task: TaskInstance, engine: InferenceEngine,
                          acquire_sandbox: SandboxAcquirer, chat_format: ChatFormat,
                          params: SamplingParams, recorder: RolloutRecorder,
-                         trajectory_id: str | None = None, gate: Gate | None = None,
+                         trajectory_id: int | None = None, gate: Gate | None = None,
                          options: RolloutOptions = RolloutOptions()) -> TrajectoryOutcome:
-    """Run one trajectory of `task` to its end and return the outcome (see module docstring)."""
-    rollout = _Rollout(task, engine, chat_format, params, recorder,
-                       trajectory_id or uuid.uuid4().hex, gate, options)
+    """Run one trajectory of `task` to its end and return the outcome (see module docstring).
+    `trajectory_id` is the store's; without one the records carry None."""
+    rollout = _Rollout(task, engine, chat_format, params, recorder, trajectory_id, gate, options)
     return await rollout.run(acquire_sandbox)
 
 
@@ -239,11 +239,13 @@ def cap_text(text: str, max_chars: int) -> tuple[str, bool]:
 
 class _Rollout:
     def __init__(self, task: TaskInstance, engine: InferenceEngine, chat_format: ChatFormat,
-                 params: SamplingParams, recorder: RolloutRecorder, trajectory_id: str,
+                 params: SamplingParams, recorder: RolloutRecorder, trajectory_id: int | None,
                  gate: Gate | None, options: RolloutOptions) -> None:
         self.task, self.engine, self.format = task, engine, chat_format
         self.limits = task.limits
         self.params, self.recorder, self.id = params, recorder, trajectory_id
+        # engine sessions are named by the trajectory: its id, or a fresh name without one
+        self.session_name = uuid.uuid4().hex if trajectory_id is None else str(trajectory_id)
         self.gate, self.options = gate, options
         self.conversation: Conversation | None = None
         self.calls: list[ModelCallRecord] = []  # as recorded, in call order
@@ -356,7 +358,7 @@ class _Rollout:
         assert conversation is not None
         delta = conversation.take_prompt()
         params = self._params(max_tokens)
-        session = f"{self.id}/{delta.segment}"
+        session = f"{self.session_name}/{delta.segment}"
         self.sessions.add(session)
         request = GenerateRequest(list(conversation.token_ids), params, session_id=session)
         started_at = time.time()

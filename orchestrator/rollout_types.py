@@ -67,7 +67,7 @@ STATUS_OF: Mapping[StopReason, TrajectoryStatus] = {
 
 @dataclass(frozen=True, eq=False)
 class ModelCallRecord:
-    trajectory_id: str
+    trajectory_id: int | None  # the store's id; None for a trajectory run outside a store
     turn: int
     segment: int  # index of the training sample within the trajectory
     context_len: int  # tokens of the segment before this call's prompt delta
@@ -88,7 +88,7 @@ class ModelCallRecord:
 
 @dataclass(frozen=True)
 class ToolCallRecord:
-    trajectory_id: str
+    trajectory_id: int | None
     turn: int
     index: int  # position among the calls of this turn
     tool_name: str | None  # None when no name could be parsed
@@ -106,7 +106,7 @@ class ToolCallRecord:
 
 @dataclass(frozen=True, eq=False)
 class TrajectoryOutcome:
-    trajectory_id: str
+    trajectory_id: int | None
     task_key: str
     task_hash: str
     family: str

@@ -48,7 +48,7 @@ def _sample(n: int = 6, seq: int = 0, group: str = "g", topk: int = 0, reward: f
         weights_versions=np.where(mask, 3, -1),
         reward=reward,
         group_id=group,
-        trajectory_id=f"t{seq}",
+        trajectory_id=seq,
         sequence=seq,
         **kw,
     )
@@ -56,13 +56,17 @@ def _sample(n: int = 6, seq: int = 0, group: str = "g", topk: int = 0, reward: f
 
 def test_sample_validation_errors_say_what_is_wrong():
     with pytest.raises(ValueError, match="loss_mask has shape"):
-        TrainingSample([1, 2, 3], [0, 1], [0, 0, 0], [0, 0, 0], 1.0, "g", "t")
+        TrainingSample([1, 2, 3], [0, 1], [0, 0, 0], [0, 0, 0], 1.0, "g", 1)
     with pytest.raises(ValueError, match="first token has no prefix"):
-        TrainingSample([1, 2], [1, 1], [0, 0], [0, 0], 1.0, "g", "t")
+        TrainingSample([1, 2], [1, 1], [0, 0], [0, 0], 1.0, "g", 1)
     with pytest.raises(ValueError, match="finite on every loss token"):
-        TrainingSample([1, 2], [0, 1], [0, float("nan")], [0, 0], 1.0, "g", "t")
+        TrainingSample([1, 2], [0, 1], [0, float("nan")], [0, 0], 1.0, "g", 1)
     with pytest.raises(ValueError, match="given together"):
-        TrainingSample([1, 2], [0, 1], [0, 0], [0, 0], 1.0, "g", "t", sampler_topk_ids=[[1], [2]])
+        TrainingSample([1, 2], [0, 1], [0, 0], [0, 0], 1.0, "g", 1, sampler_topk_ids=[[1], [2]])
+    with pytest.raises(ValueError, match="trajectory_id 'demo-1' is not an int"):
+        TrainingSample([1, 2], [0, 1], [0, 0], [0, 0], 1.0, "g", "demo-1")
+    with pytest.raises(ValueError, match="kind 'demo' is not one of rollout, demonstration"):
+        TrainingSample([1, 2], [0, 1], [0, 0], [0, 0], 1.0, "g", 1, kind="demo")
 
 
 def test_samples_are_frozen():
@@ -133,6 +137,7 @@ def test_collate_pads_right_and_shifts_per_token_data():
 def test_demonstration_is_a_sample_with_its_own_group():
     s = demonstration([1, 2, 3], [0, 1, 1], index=4)
     assert s.group_id == "demo-4" and s.num_loss_tokens == 2
+    assert s.member == ("demonstration", 4)  # not a rollout with id 4
 
 
 def test_console_and_jsonl_sinks(tmp_path):

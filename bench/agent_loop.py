@@ -72,7 +72,8 @@ def prepare(fmt_kind: str, suite: str, trajectories: int, group_size: int,
     family = arith.family() if suite == "arith" else longhaul.family(
         min_k=longhaul_k[0], max_k=longhaul_k[1], **LONGHAUL)
     instances = family.demonstrations(-(-trajectories // group_size))
-    demos = {f"t{i}": instances[i // group_size] for i in range(trajectories)}
+    # keyed by trajectory id (from 1), which names the engine session the script is found by
+    demos = {str(i + 1): instances[i // group_size] for i in range(trajectories)}
     scripts = {key: turns_from_texts(chat_format.encode_assistant, demo.assistant_texts)
                for key, demo in demos.items()}
     quiet = ({"keep_requests": False}  # older checkouts (--against) keep every request
@@ -103,7 +104,7 @@ def measure_loop(setup: Setup, concurrency: int) -> tuple[float, float, int]:
         outcome = await run_trajectory(
             task=setup.tasks[key], engine=engine, chat_format=setup.chat_format,
             acquire_sandbox=use_sandbox(setup.sandbox_type(handler=setup.handler)),
-            params=params, recorder=recorder, trajectory_id=key)
+            params=params, recorder=recorder, trajectory_id=int(key))
         counts["turns"] += outcome.turns
         counts["answered"] += outcome.reward == 1.0
 
@@ -135,7 +136,7 @@ def measure_fakes(setup: Setup, concurrency: int) -> tuple[float, int]:
             result = await engine.generate(GenerateRequest(list(prompt), params, session))
             prompt += result.tokens.token_ids.tolist()
             for tool, arguments in calls:
-                ctx = ToolContext(sandbox=sandbox, task=setup.tasks[key], trajectory_id=key,
+                ctx = ToolContext(sandbox=sandbox, task=setup.tasks[key], trajectory_id=int(key),
                                   turn=index, timeout_s=60.0)
                 await tool.fn(**{**arguments, tool.context_param: ctx})
             prompt += grow

@@ -65,7 +65,7 @@ def build_samples(
                 weights_versions=np.zeros(length, np.int64),
                 reward=float(b % 2),
                 group_id=f"g{b // 4}",
-                trajectory_id=f"t{b}",
+                trajectory_id=b,
                 sampler_topk_ids=pad(top_ids[b].numpy(), 0),
                 sampler_topk_logprobs=pad(top_lp[b].numpy(), -np.inf),
             )
@@ -212,7 +212,9 @@ def _stored_samples(samples: list, prompt: int, url: str) -> list:
             trajectory_id=trajectory, turn=0, segment=0, context_len=0,
             prompt_token_ids=s.token_ids[:prompt], tokens=tokens, sampling={}, engine_id="b",
             finish_reason="length", cached_prompt_tokens=0, started_at=0.0, finished_at=1.0)])
-        out.append(replace(s, trajectory_id=trajectory))
+        (call,) = store.model_calls(trajectory)
+        out.append(replace(s, trajectory_id=trajectory, model_call_ids=(call.id,),
+                           call_spans=((prompt, s.length),)))
     store.close()
     return out
 

@@ -17,13 +17,16 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from numbers import Integral
+from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 
-from core.records import SampledTokens
+from core.samples import ModelCallTokens, segment_samples
 
 GroupId = str | int
+SampleKind = Literal["rollout", "demonstration", "placeholder"]
+SAMPLE_KINDS: tuple[SampleKind, ...] = get_args(SampleKind)
 
 
 def _frozen(array: Any, dtype: Any, name: str) -> np.ndarray:
@@ -49,6 +52,11 @@ class TrainingSample:
     reward                      outcome reward of the trajectory
     group_id                    samples of the same task instance share it (group baselines)
     trajectory_id, sequence     provenance; `sequence` is the admission-log number (>= 1)
+    model_call_ids, call_spans  the stored model calls it was built from and [start, stop) of
+                                each call's sampled tokens (empty when it has none)
+    kind                        "rollout" (trajectory_id is the store's, or a synthetic one's),
+                                "demonstration" (its index) or "placeholder" (a data-parallel
+                                rank's filler row); rows of one trajectory share (kind, id)
     """
 
     token_ids: np.ndarray
@@ -57,14 +65,28 @@ class TrainingSample:
     weights_versions: np.ndarray
     reward: float
     group_id: GroupId
-    trajectory_id: GroupId
+    trajectory_id: int
     sequence: int = 0
     sampler_topk_ids: np.ndarray | None = None
     sampler_topk_logprobs: np.ndarray | None = None
+    model_call_ids: tuple[int, ...] = ()
+    call_spans: tuple[tuple[int, int], ...] = ()
+    kind: SampleKind = "rollout"
     length: int = field(init=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        if isinstance(self.trajectory_id, bool) or not isinstance(self.trajectory_id, Integral):
+            raise ValueError(
+                f"TrainingSample: trajectory_id {self.trajectory_id!r} is not an int (a "
+                "demonstration or placeholder says so with kind, not with its id)"
+            )
+        set_(self, "trajectory_id", int(self.trajectory_id))
+        if self.kind not in SAMPLE_KINDS:
+            raise ValueError(
+                f"TrainingSample {self.trajectory_id}: kind {self.kind!r} is not one of "
+                f"{', '.join(SAMPLE_KINDS)}"
+            )
         set_(self, "token_ids", _frozen(self.token_ids, np.int64, "token_ids"))
         set_(self, "loss_mask", _frozen(self.loss_mask, np.bool_, "loss_mask"))
         set_(
@@ -113,7 +135,32 @@ class TrainingSample:
                 )
             set_(self, "sampler_topk_ids", ids)
             set_(self, "sampler_topk_logprobs", lps)
+        self._check_calls(length)
         set_(self, "length", length)
+
+    def _check_calls(self, length: int) -> None:
+        set_ = object.__setattr__
+        set_(self, "model_call_ids", tuple(int(i) for i in self.model_call_ids))
+        set_(self, "call_spans", tuple((int(a), int(b)) for a, b in self.call_spans))
+        if len(self.model_call_ids) != len(self.call_spans):
+            raise ValueError(
+                f"TrainingSample {self.trajectory_id}: {len(self.model_call_ids)} model call "
+                f"ids for {len(self.call_spans)} call spans"
+            )
+        end = 0
+        for start, stop in self.call_spans:
+            if not end <= start <= stop <= length:
+                raise ValueError(
+                    f"TrainingSample {self.trajectory_id}: call spans {list(self.call_spans)} "
+                    f"must be ordered, disjoint and within its {length} tokens"
+                )
+            end = stop
+
+    @property
+    def member(self) -> tuple[str, int]:
+        """The trajectory this row belongs to: the rows (segments) of one trajectory share it,
+        and no demonstration or placeholder shares a rollout's."""
+        return self.kind, self.trajectory_id
 
     @property
     def topk(self) -> int:
@@ -133,7 +180,11 @@ class TrainingSample:
             "group_id": self.group_id,
             "trajectory_id": self.trajectory_id,
             "sequence": self.sequence,
+            "kind": self.kind,
         }
+        if self.model_call_ids:
+            out["model_call_ids"] = list(self.model_call_ids)
+            out["call_spans"] = [list(span) for span in self.call_spans]
         if self.sampler_topk_ids is not None:
             out["sampler_topk_ids"] = self.sampler_topk_ids.tolist()
             out["sampler_topk_logprobs"] = [
@@ -157,11 +208,12 @@ class TrainingSample:
         if missing:
             raise ValueError(
                 f"sample is missing {', '.join(missing)}; every sample needs "
-                f"{', '.join(required)} (sequence, sampler_topk_* optional)"
+                f"{', '.join(required)} (sequence, sampler_topk_*, model_call_ids, "
+                "call_spans and kind optional)"
             )
-        unknown = (
-            set(data) - set(required) - {"sequence", "sampler_topk_ids", "sampler_topk_logprobs"}
-        )
+        optional = {"sequence", "sampler_topk_ids", "sampler_topk_logprobs", "model_call_ids",
+                    "call_spans", "kind"}
+        unknown = set(data) - set(required) - optional
         if unknown:
             raise ValueError(f"sample has unknown keys {sorted(unknown)}")
         topk_lp = data.get("sampler_topk_logprobs")
@@ -178,68 +230,57 @@ class TrainingSample:
             sequence=int(data.get("sequence", 0)),
             sampler_topk_ids=data.get("sampler_topk_ids"),
             sampler_topk_logprobs=topk_lp,
+            model_call_ids=tuple(data.get("model_call_ids", ())),
+            call_spans=tuple(tuple(span) for span in data.get("call_spans", ())),
+            kind=data.get("kind", "rollout"),
         )
 
 
-def sample_from_segments(
-    segments: Sequence[SampledTokens | Sequence[int] | np.ndarray],
+class StoredCall(ModelCallTokens, Protocol):
+    """A stored model call as the one path reads it, with its row id (`StoredModelCall`)."""
+
+    @property
+    def id(self) -> int: ...
+
+
+def samples_from_calls(
+    calls: Sequence[StoredCall],
     *,
     reward: float,
     group_id: GroupId,
-    trajectory_id: GroupId,
+    trajectory_id: int,
     sequence: int = 0,
     trainable: bool = True,
-) -> TrainingSample:
-    """A trajectory's sample from its pieces in order: plain token ids are context (prompt, tool
-    output; loss mask 0), `SampledTokens` are model calls (loss mask 1, with their sampler
-    log-probs, versions and top-k). `trainable=False` zeroes the whole mask (a loss-masked
-    admission: the reward still counts in its group's baseline)."""
-    ids, mask, logprobs, versions, topk_ids, topk_lps = [], [], [], [], [], []
-    ks = {seg.topk for seg in segments if isinstance(seg, SampledTokens)}
-    k = min(ks) if ks else 0
-    for seg in segments:
-        if isinstance(seg, SampledTokens):
-            n = len(seg)
-            ids.append(np.asarray(seg.token_ids, np.int64))
-            mask.append(np.full(n, trainable))
-            logprobs.append(seg.sampler_logprobs)
-            versions.append(np.asarray(seg.weights_versions, np.int64))
-            if k:
-                topk_ids.append(np.asarray(seg.topk_ids[:, :k], np.int64))
-                topk_lps.append(seg.topk_logprobs[:, :k])
-        else:
-            context = np.asarray(seg, np.int64).reshape(-1)
-            n = len(context)
-            ids.append(context)
-            mask.append(np.zeros(n, bool))
-            logprobs.append(np.zeros(n, np.float32))
-            versions.append(np.full(n, -1, np.int64))
-            if k:
-                topk_ids.append(np.zeros((n, k), np.int64))
-                topk_lps.append(np.full((n, k), -np.inf, np.float32))
-    topk = {}
-    if k:
-        topk = dict(
-            sampler_topk_ids=np.concatenate(topk_ids),
-            sampler_topk_logprobs=np.concatenate(topk_lps),
+) -> list[TrainingSample]:
+    """A trajectory's samples, one per segment, from its stored model calls by the one path
+    (`core.samples.segment_samples`): loss mask 1 on sampled tokens, with their sampler
+    log-probs, versions and top-k; each sample keeps its calls' ids and offsets.
+    `trainable=False` zeroes the whole mask (the reward still counts in its group's baseline)."""
+    return [
+        TrainingSample(
+            token_ids=segment.token_ids,
+            loss_mask=segment.loss_mask & trainable,
+            sampler_logprobs=segment.sampler_logprobs,
+            weights_versions=segment.weights_versions,
+            reward=reward,
+            group_id=group_id,
+            trajectory_id=trajectory_id,
+            sequence=sequence,
+            sampler_topk_ids=segment.topk_ids,
+            sampler_topk_logprobs=segment.topk_logprobs,
+            model_call_ids=tuple(calls[i].id for i in segment.calls),
+            call_spans=segment.call_spans,
         )
-    return TrainingSample(
-        token_ids=np.concatenate(ids),
-        loss_mask=np.concatenate(mask),
-        sampler_logprobs=np.concatenate(logprobs),
-        weights_versions=np.concatenate(versions),
-        reward=reward,
-        group_id=group_id,
-        trajectory_id=trajectory_id,
-        sequence=sequence,
-        **topk,
-    )
+        for segment in segment_samples(calls)
+        if segment.length
+    ]
 
 
 def demonstration(
     token_ids: Sequence[int] | np.ndarray, loss_mask: Sequence[int] | np.ndarray, index: int = 0
 ) -> TrainingSample:
-    """A supervised demonstration as a sample (no sampler data, reward 0, its own group)."""
+    """A supervised demonstration as a sample (kind "demonstration", its index as trajectory id;
+    no sampler data, reward 0, its own group)."""
     n = len(token_ids)
     return TrainingSample(
         token_ids=token_ids,
@@ -248,8 +289,9 @@ def demonstration(
         weights_versions=np.full(n, -1),
         reward=0.0,
         group_id=f"demo-{index}",
-        trajectory_id=f"demo-{index}",
+        trajectory_id=index,
         sequence=index + 1,
+        kind="demonstration",
     )
 
 

@@ -194,7 +194,7 @@ def leave_process_group() -> None:
 def _group_key(sample: TrainingSample) -> object:
     if sample.group_id is not None:
         return ("group", sample.group_id)
-    return ("trajectory", sample.trajectory_id)
+    return ("trajectory", *sample.member)
 
 
 def shard_groups(samples: Sequence[TrainingSample], rank: int, world_size: int
@@ -220,9 +220,10 @@ def placeholder(like: TrainingSample, pad_id: int, index: int, rank: int) -> Tra
     calls in step with the others when its share is short, and adds nothing to any loss."""
     return replace(like, token_ids=[pad_id], loss_mask=[0], sampler_logprobs=[0.0],
                    weights_versions=[-1], reward=0.0, group_id=("placeholder", rank, index),
-                   trajectory_id=("placeholder", rank, index),
+                   trajectory_id=index, kind="placeholder",
                    sampler_topk_ids=_first_row(like.sampler_topk_ids),
-                   sampler_topk_logprobs=_first_row(like.sampler_topk_logprobs))
+                   sampler_topk_logprobs=_first_row(like.sampler_topk_logprobs),
+                   model_call_ids=(), call_spans=())
 
 
 def _first_row(values: Any) -> Any:

@@ -1,8 +1,9 @@
 """The learner's side of the admission log: SQL stream entries become `TrainingSample`s.
 
 Guarantees: `read` returns the entries after a sequence number in order, each trajectory's
-tokens rebuilt exactly from its stored model calls (the concatenation, per segment, of each
-call's prompt delta and sampled tokens; loss mask 1 on sampled tokens only); a loss-masked
+tokens rebuilt exactly from its stored model calls by the one path (`core.samples`: the
+concatenation, per segment, of each call's prompt delta and sampled tokens; loss mask 1 on
+sampled tokens only; each sample keeps its calls' ids and offsets); a loss-masked
 admission becomes a one-token sample with no loss tokens, so it counts in its group's baseline
 and nowhere else. A trajectory whose chat template forced several segments yields one sample
 per segment, all in the trajectory's group; the trainer counts them as one group member
@@ -13,24 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
-from core.store.store import Store, StoredModelCall
-from learner.batch import TrainingSample, sample_from_segments
-
-
-def segment_samples(calls: Sequence[StoredModelCall], *, reward: float, group_id: int,
-                    trajectory_id: int, sequence: int) -> list[TrainingSample]:
-    by_segment: dict[int, list] = {}
-    for call in calls:
-        pieces = by_segment.setdefault(call.segment, [])
-        if len(call.prompt_token_ids):
-            pieces.append(np.asarray(call.prompt_token_ids))
-        if len(call.tokens):
-            pieces.append(call.tokens)
-    return [sample_from_segments(pieces, reward=reward, group_id=group_id,
-                                 trajectory_id=trajectory_id, sequence=sequence)
-            for _, pieces in sorted(by_segment.items()) if pieces]
+from core.store.store import Store
+from learner.batch import TrainingSample, samples_from_calls
 
 
 class StoreSource:
@@ -50,9 +35,9 @@ class StoreSource:
                     weights_versions=[-1], reward=entry.reward, group_id=entry.group_id,
                     trajectory_id=entry.trajectory_id, sequence=entry.seq))
                 continue
-            built = segment_samples(calls[entry.trajectory_id], reward=entry.reward,
-                                    group_id=entry.group_id, trajectory_id=entry.trajectory_id,
-                                    sequence=entry.seq)
+            built = samples_from_calls(calls[entry.trajectory_id], reward=entry.reward,
+                                       group_id=entry.group_id,
+                                       trajectory_id=entry.trajectory_id, sequence=entry.seq)
             if not built:
                 raise ValueError(f"admitted trajectory {entry.trajectory_id} (seq {entry.seq}) "
                                  f"has no stored model calls")

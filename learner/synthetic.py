@@ -144,7 +144,7 @@ def sample_rl_batch(
                     weights_versions=np.r_[np.full(n_prompt, -1), np.full(n_new, version)],
                     reward=reward_fn(text),
                     group_id=f"g{p}",
-                    trajectory_id=f"g{p}-{g}",
+                    trajectory_id=p * group_size + g,
                     **kw,
                 )
             )

@@ -27,7 +27,8 @@ class PaddedBatch:
     sampler_logprobs_B_Tm1: torch.Tensor  # (B, T-1) float32, shifted
     weights_versions_B_Tm1: torch.Tensor  # (B, T-1) long, shifted (-1 off the mask)
     group_ids: tuple  # (B,) group ids
-    trajectory_ids: tuple  # (B,) trajectory ids (a multi-segment trajectory spans rows)
+    trajectory_ids: tuple  # (B,) each row's (kind, trajectory id): a multi-segment trajectory
+                           # spans rows
     trajectory_index_B: torch.Tensor  # (B,) long, 0.. per distinct trajectory id
     topk_ids_B_Tm1_K: torch.Tensor | None  # (B, T-1, K) long, shifted
     topk_logprobs_B_Tm1_K: torch.Tensor | None  # (B, T-1, K) float32, shifted
@@ -105,8 +106,8 @@ def collate(
         sampler_logprobs_B_Tm1=as_t(sampler[:, 1:]),
         weights_versions_B_Tm1=as_t(versions[:, 1:]),
         group_ids=tuple(s.group_id for s in samples),
-        trajectory_ids=tuple(s.trajectory_id for s in samples),
-        trajectory_index_B=_index_of([s.trajectory_id for s in samples], device),
+        trajectory_ids=tuple(s.member for s in samples),
+        trajectory_index_B=_index_of([s.member for s in samples], device),
         topk_ids_B_Tm1_K=as_t(topk_ids[:, 1:]) if K else None,
         topk_logprobs_B_Tm1_K=as_t(topk_lp[:, 1:]) if K else None,
     )

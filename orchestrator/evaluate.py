@@ -59,9 +59,9 @@ async def evaluate(*, label: str, run_id: str, version: int, store: Store, write
         async with limiter:
             outcome = await run_trajectory(
                 task=task, engine=engine,
-                acquire_sandbox=lambda spec: acquire(spec, str(trajectory_id)),
+                acquire_sandbox=lambda spec: acquire(spec, trajectory_id),
                 chat_format=chat_format, params=params, recorder=SqlRecorder(writer),
-                trajectory_id=str(trajectory_id), options=options)
+                trajectory_id=trajectory_id, options=options)
         await writer.put_trajectory_update(trajectory_id, outcome_values(outcome))
         unfinished.ended(trajectory_id)
         tally.ended(task, outcome)

@@ -50,7 +50,7 @@ from orchestrator.writer import StoreWriter
 from tasks.api import TaskFamily, TaskInstance
 from tasks.chat.base import ChatFormat
 
-Acquire = Callable[[SandboxSpec, str], AbstractAsyncContextManager[Sandbox]]
+Acquire = Callable[[SandboxSpec, int], AbstractAsyncContextManager[Sandbox]]  # spec, trajectory id
 
 
 class EngineUnavailable(RuntimeError):
@@ -361,9 +361,9 @@ class Pipeline:
                 with bind_trajectory(trajectory_id):  # log lines of this loop carry its id
                     outcome = await run_trajectory(
                         task=group.task, engine=engine,
-                        acquire_sandbox=lambda spec: self.acquire(spec, str(trajectory_id)),
+                        acquire_sandbox=lambda spec: self.acquire(spec, trajectory_id),
                         chat_format=self.chat_format, params=self.params, recorder=self.recorder,
-                        trajectory_id=str(trajectory_id), options=self.options)
+                        trajectory_id=trajectory_id, options=self.options)
             finally:
                 self.in_flight -= 1
         await self.writer.put_trajectory_update(trajectory_id, outcome_values(outcome))

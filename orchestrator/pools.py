@@ -59,7 +59,7 @@ class PoolSet:
         return self._pools[key]
 
     @asynccontextmanager
-    async def acquire(self, spec: SandboxSpec, trajectory_id: str) -> AsyncIterator[Sandbox]:
+    async def acquire(self, spec: SandboxSpec, trajectory_id: int) -> AsyncIterator[Sandbox]:
         pool = await self.pool_for(spec)
-        async with pool.acquire(trajectory_id=trajectory_id) as sandbox:
+        async with pool.acquire(trajectory_id=str(trajectory_id)) as sandbox:  # a Docker label
             yield sandbox

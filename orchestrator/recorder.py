@@ -43,7 +43,7 @@ class SqlRecorder:
             sampling = {**(json.loads(sampling) if isinstance(sampling, str) else sampling),
                         "kv_recompute": storable(record.recompute_reason)}
         await self.writer.put_model_call(model_call_row(
-            trajectory_id=int(record.trajectory_id), turn=record.turn, segment=record.segment,
+            trajectory_id=record.trajectory_id, turn=record.turn, segment=record.segment,
             context_len=record.context_len, prompt_token_ids=record.prompt_token_ids,
             tokens=record.tokens, sampling=sampling,
             engine_id=record.engine_id, finish_reason=record.finish_reason,
@@ -52,7 +52,7 @@ class SqlRecorder:
 
     async def tool_call(self, record: ToolCallRecord) -> None:
         await self.writer.put_tool_call(dict(
-            trajectory_id=int(record.trajectory_id), turn=record.turn, index=record.index,
+            trajectory_id=record.trajectory_id, turn=record.turn, index=record.index,
             name=storable(record.tool_name or ""), arguments=storable(record.arguments_json),
             observation=storable(record.observation), exit_code=record.exit_code,
             error_type=record.error_type, timed_out=record.timed_out,
@@ -67,8 +67,7 @@ def storable(text: str) -> str:
 
 def outcome_values(outcome: TrajectoryOutcome) -> dict[str, Any]:
     """The `trajectories` columns an outcome fills in."""
-    kv = [int(s.kv_versions[s.loss_mask.astype(bool)].min()) for s in outcome.segments
-          if s.num_sampled]
+    kv = [int(s.kv_versions[s.loss_mask].min()) for s in outcome.segments if s.num_sampled]
     error = outcome.error
     if outcome.error_type and error:
         error = f"{outcome.error_type}: {error}"

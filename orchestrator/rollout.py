@@ -77,6 +77,7 @@ from core.engine_api import (
 )
 from core.records import INT32, SampledTokens
 from core.sandbox import Sandbox, SandboxError, SandboxSpec
+from core.samples import segment_samples
 from orchestrator.rollout_types import (
     STATUS_OF,
     ModelCallRecord,
@@ -85,7 +86,6 @@ from orchestrator.rollout_types import (
     ToolCallRecord,
     TrajectoryOutcome,
     TrajectoryStatus,
-    build_segment,
 )
 from tasks.api import TaskInstance
 from tasks.chat.base import ChatFormat, ParsedCall, ParsedTurn
@@ -147,11 +147,11 @@ def start_sandbox(factory: Callable[[SandboxSpec], Sandbox]) -> SandboxAcquirer:
 async def run_trajectory(*, task: TaskInstance, engine: InferenceEngine,
                          acquire_sandbox: SandboxAcquirer, chat_format: ChatFormat,
                          params: SamplingParams, recorder: RolloutRecorder,
-                         trajectory_id: str | None = None, gate: Gate | None = None,
+                         trajectory_id: int | None = None, gate: Gate | None = None,
                          options: RolloutOptions = RolloutOptions()) -> TrajectoryOutcome:
-    """Run one trajectory of `task` to its end and return the outcome (see module docstring)."""
-    rollout = _Rollout(task, engine, chat_format, params, recorder,
-                       trajectory_id or uuid.uuid4().hex, gate, options)
+    """Run one trajectory of `task` to its end and return the outcome (see module docstring).
+    `trajectory_id` is the store's; without one the records carry None."""
+    rollout = _Rollout(task, engine, chat_format, params, recorder, trajectory_id, gate, options)
     return await rollout.run(acquire_sandbox)
 
 
@@ -239,14 +239,16 @@ def cap_text(text: str, max_chars: int) -> tuple[str, bool]:
 
 class _Rollout:
     def __init__(self, task: TaskInstance, engine: InferenceEngine, chat_format: ChatFormat,
-                 params: SamplingParams, recorder: RolloutRecorder, trajectory_id: str,
+                 params: SamplingParams, recorder: RolloutRecorder, trajectory_id: int | None,
                  gate: Gate | None, options: RolloutOptions) -> None:
         self.task, self.engine, self.format = task, engine, chat_format
         self.limits = task.limits
         self.params, self.recorder, self.id = params, recorder, trajectory_id
+        # engine sessions are named by the trajectory: its id, or a fresh name without one
+        self.session_name = uuid.uuid4().hex if trajectory_id is None else str(trajectory_id)
         self.gate, self.options = gate, options
         self.conversation: Conversation | None = None
-        self.sampled: list[list[SampledTokens]] = []  # per segment, per model call
+        self.calls: list[ModelCallRecord] = []  # as recorded, in call order
         self.sessions: set[str] = set()
         self.tool_state: dict[str, Any] = {}
         self.turns = self.sampled_tokens = self.tool_calls = self.malformed = 0
@@ -310,7 +312,6 @@ class _Rollout:
             self._wall_deadline = now + max(self.limits.wall_time_s, 0.0)
             with _Limit(now, (self.limits.wall_time_s, lambda: _Stop(StopReason.WALL_TIME))):
                 self.conversation = Conversation(self.format, self.task.prompt, self.task.tools)
-                self.sampled.append([])
                 return _Stop(await self._turns(sandbox))
         except _Stop as stopped:
             return stopped
@@ -334,14 +335,13 @@ class _Rollout:
             max_tokens = min(self.params.max_tokens, budget, room)
             parsed, checked = await self._model_call(turn, max_tokens)
             if not parsed.ended:
-                return self._length_reason(len(self.sampled[-1][-1]), budget, room)
+                return self._length_reason(len(self.calls[-1].tokens), budget, room)
             if not parsed.calls:
                 return StopReason.ANSWERED
             if turn == self.limits.max_turns - 1:
                 return StopReason.MAX_TURNS
             observations = await self._tools(sandbox, turn, parsed, checked)
-            if not conversation.add_messages(observations):
-                self.sampled.append([])
+            conversation.add_messages(observations)
         return StopReason.MAX_TURNS
 
     def _length_reason(self, sampled: int, budget: int, room: int) -> StopReason:
@@ -358,7 +358,7 @@ class _Rollout:
         assert conversation is not None
         delta = conversation.take_prompt()
         params = self._params(max_tokens)
-        session = f"{self.id}/{delta.segment}"
+        session = f"{self.session_name}/{delta.segment}"
         self.sessions.add(session)
         request = GenerateRequest(list(conversation.token_ids), params, session_id=session)
         started_at = time.time()
@@ -368,12 +368,11 @@ class _Rollout:
         parsed = conversation.add_sampled(result.tokens.token_ids.tolist())
         if result.finish_reason == "stop" and not parsed.ended:
             parsed = dataclasses.replace(parsed, ended=True)  # a caller-given stop id ended it
-        self.sampled[-1].append(result.tokens)
         self.turns += 1
         self.sampled_tokens += len(result.tokens)
         limit = self.limits.max_tool_calls_per_turn
         checked = [self._check_call(call, i >= limit) for i, call in enumerate(parsed.calls)]
-        await self.recorder.model_call(ModelCallRecord(
+        record = ModelCallRecord(
             trajectory_id=self.id, turn=turn, segment=delta.segment,
             context_len=delta.context_len,
             prompt_token_ids=np.asarray(delta.token_ids, dtype=INT32), tokens=result.tokens,
@@ -382,7 +381,9 @@ class _Rollout:
             started_at=started_at, finished_at=finished_at, tool_calls=len(parsed.calls),
             malformed_calls=sum(isinstance(c, str) for c in checked),
             segment_break=self._segment_break(delta.segment, delta.context_len),
-            recompute_reason=result.recompute_reason))
+            recompute_reason=result.recompute_reason)
+        self.calls.append(record)
+        await self.recorder.model_call(record)
         if result.finish_reason == "abort":
             raise _Stop(StopReason.ENGINE_ABORT, "the engine aborted the request", "engine_abort")
         return parsed, checked
@@ -633,14 +634,11 @@ class _Rollout:
             error_type, error = verify_error.error_type, verify_error.error
             status = (TrajectoryStatus.INFRA_ERROR if error_type in INFRA_VERIFY_ERRORS
                       else TrajectoryStatus.FAILED)
-        segments = []
-        if self.conversation is not None:
-            for index, (tokens, sampled) in enumerate(zip(self.conversation.segments,
-                                                          self.sampled)):
-                if sampled:
-                    segments.append(build_segment(index, tokens, sampled))
-        calls = [call.weights_versions for calls in self.sampled for call in calls]
-        versions = np.concatenate(calls) if calls else np.zeros(0, INT32)
+        held = None if self.conversation is None else [
+            segment.token_ids for segment in self.conversation.segments]
+        segments = segment_samples(self.calls, held)
+        versions = np.concatenate([s.weights_versions[s.loss_mask] for s in segments]
+                                  or [np.zeros(0, INT32)])
         return TrajectoryOutcome(
             trajectory_id=self.id, task_key=self.task.key, task_hash=self.task.content_hash,
             family=self.task.family, difficulty=self.task.difficulty, status=status,
@@ -652,7 +650,7 @@ class _Rollout:
             tool_calls=self.tool_calls, malformed_calls=self.malformed,
             min_weights_version=int(versions.min()) if len(versions) else None,
             max_weights_version=int(versions.max()) if len(versions) else None,
-            segments=tuple(segments), messages=self._messages(), final_text=self._final_text())
+            segments=segments, messages=self._messages(), final_text=self._final_text())
 
 
 class _ToolTimeout(Exception):

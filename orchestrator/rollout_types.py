@@ -7,24 +7,23 @@ mapped one-to-one to store rows. Guarantees:
   same segment (the whole prompt on a segment's first call), so for every segment the
   concatenation over its calls of `prompt_token_ids + tokens.token_ids` is exactly the segment's
   `token_ids`;
-- a `TrainingSegment`'s arrays all have length T; `loss_mask` is 1 exactly on sampled tokens;
-  sampler log-probs, versions and top-k are aligned to token positions (0 / -1 elsewhere), and
-  `build_segment` checks that the sampled positions hold exactly the engine's ids;
+- a `TrajectoryOutcome`'s segments are its model calls laid out by the one path
+  (`core.samples.segment_samples`), checked against the conversation's own ids;
 - `StopReason` says precisely why the loop stopped; `STATUS_OF` maps it to the trajectory status.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from core.engine_api import FinishReason, SamplingParams
-from core.records import FLOAT32, INT32, UINT8, SampledTokens
-from tasks.chat.conversation import SegmentTokens
+from core.records import SampledTokens
+from core.samples import SegmentSample
 from tasks.messages import ChatMessage
 
 
@@ -68,7 +67,7 @@ STATUS_OF: Mapping[StopReason, TrajectoryStatus] = {
 
 @dataclass(frozen=True, eq=False)
 class ModelCallRecord:
-    trajectory_id: str
+    trajectory_id: int | None  # the store's id; None for a trajectory run outside a store
     turn: int
     segment: int  # index of the training sample within the trajectory
     context_len: int  # tokens of the segment before this call's prompt delta
@@ -89,7 +88,7 @@ class ModelCallRecord:
 
 @dataclass(frozen=True)
 class ToolCallRecord:
-    trajectory_id: str
+    trajectory_id: int | None
     turn: int
     index: int  # position among the calls of this turn
     tool_name: str | None  # None when no name could be parsed
@@ -106,89 +105,8 @@ class ToolCallRecord:
 
 
 @dataclass(frozen=True, eq=False)
-class TrainingSegment:
-    """One training sample: token ids with aligned loss mask, sampler log-probs and versions."""
-
-    index: int
-    token_ids: np.ndarray  # int32 (T,)
-    loss_mask: np.ndarray  # uint8 (T,), 1 exactly on sampled tokens
-    sampler_logprobs: np.ndarray  # float32 (T,), 0 where loss_mask is 0
-    weights_versions: np.ndarray  # int32 (T,), -1 where loss_mask is 0
-    kv_versions: np.ndarray  # int32 (T,), -1 where loss_mask is 0
-    topk_ids: np.ndarray | None = None  # int32 (T, K), 0 where loss_mask is 0
-    topk_logprobs: np.ndarray | None = None  # float32 (T, K), 0 where loss_mask is 0
-
-    def __post_init__(self) -> None:
-        length = len(self.token_ids)
-        for name in ("loss_mask", "sampler_logprobs", "weights_versions", "kv_versions"):
-            if getattr(self, name).shape != (length,):
-                raise ValueError(f"TrainingSegment.{name} must have shape ({length},)")
-        for name in ("token_ids", "loss_mask", "sampler_logprobs", "weights_versions",
-                     "kv_versions", "topk_ids", "topk_logprobs"):
-            array = getattr(self, name)
-            if array is not None:
-                array.setflags(write=False)
-
-    @property
-    def num_sampled(self) -> int:
-        return int(self.loss_mask.sum())
-
-
-def build_segment(index: int, tokens: SegmentTokens,
-                  sampled: Sequence[SampledTokens]) -> TrainingSegment:
-    """Align the engine's per-token arrays to the segment's positions, up to the last sampled
-    token (tokens after it were never part of a model call)."""
-    spans = tokens.sampled_spans
-    if len(sampled) != len(spans):
-        raise ValueError(f"{len(sampled)} model calls for {len(spans)} spans")
-    end = spans[-1][1] if spans else 0
-    ids = np.array(tokens.token_ids[:end], dtype=INT32)
-    on_sampled = np.zeros(end, dtype=bool)
-    for start, stop in spans:
-        on_sampled[start:stop] = True
-    mask = on_sampled.astype(UINT8)
-    logprobs = np.zeros(end, FLOAT32)
-    weights = np.full(end, -1, INT32)
-    kv = np.full(end, -1, INT32)
-    topk = max((s.topk for s in sampled), default=0)
-    topk_ids = np.zeros((end, topk), INT32) if topk else None
-    topk_lp = np.zeros((end, topk), FLOAT32) if topk else None
-    if spans:
-        total = sum(stop - start for start, stop in spans)
-        if tokens.loss_mask.count(1) != total or any(
-                tokens.loss_mask[start:stop].count(1) != stop - start for start, stop in spans):
-            raise AssertionError(f"segment {index}: the loss mask is not 1 exactly on the "
-                                 "sampled spans")
-        if any(stop - start != len(call) for (start, stop), call in zip(spans, sampled)) \
-                or not np.array_equal(ids[on_sampled], _joined(sampled, "token_ids")):
-            _raise_first_mismatch(index, ids, spans, sampled)
-        logprobs[on_sampled] = _joined(sampled, "sampler_logprobs")
-        weights[on_sampled] = _joined(sampled, "weights_versions")
-        kv[on_sampled] = _joined(sampled, "kv_versions")
-        if topk_ids is not None and topk_lp is not None:
-            for (start, stop), call in zip(spans, sampled):
-                if call.topk == topk:
-                    topk_ids[start:stop] = call.topk_ids
-                    topk_lp[start:stop] = call.topk_logprobs
-    return TrainingSegment(index, ids, mask, logprobs, weights, kv, topk_ids, topk_lp)
-
-
-def _joined(sampled: Sequence[SampledTokens], name: str) -> np.ndarray:
-    return np.concatenate([getattr(call, name) for call in sampled])
-
-
-def _raise_first_mismatch(index: int, ids: np.ndarray, spans: Sequence[tuple[int, int]],
-                          sampled: Sequence[SampledTokens]) -> None:
-    for (start, stop), call in zip(spans, sampled):
-        if not np.array_equal(ids[start:stop], call.token_ids):
-            raise AssertionError(f"segment {index}: positions {start}:{stop} are not the "
-                                 "engine's sampled ids")
-    raise AssertionError(f"segment {index}: sampled positions disagree with the engine's ids")
-
-
-@dataclass(frozen=True, eq=False)
 class TrajectoryOutcome:
-    trajectory_id: str
+    trajectory_id: int | None
     task_key: str
     task_hash: str
     family: str
@@ -211,7 +129,7 @@ class TrajectoryOutcome:
     malformed_calls: int
     min_weights_version: int | None
     max_weights_version: int | None
-    segments: tuple[TrainingSegment, ...]
+    segments: tuple[SegmentSample, ...]  # core.samples.segment_samples of its model calls
     messages: tuple[ChatMessage, ...] = field(default=())
     final_text: str = ""
 

@@ -50,7 +50,7 @@ def token_rows(store: Store, run_id: str, *, tokenizer_dir: str | None = None,
                            kv_version=int(tok.kv_versions[i]),
                            time_s=float(tok.time_offsets[i]),
                            trainer_logprob=None if tlp is None or math.isnan(tlp) else tlp,
-                           loss_mask=int(call.loss_mask[i]))
+                           loss_mask=1)  # a call's tokens are all sampled (core.samples)
 
 
 def write_jsonl(store: Store, run_id: str, out: Path, **kw: Any) -> int:

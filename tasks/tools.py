@@ -57,7 +57,7 @@ class ToolContext:
 
     sandbox: Sandbox
     task: TaskInstance
-    trajectory_id: str = ""
+    trajectory_id: int | None = None  # the store's id, when the trajectory has one
     turn: int = 0
     timeout_s: float | None = None  # this call's time budget; pass it to `sandbox.exec`
     state: dict[str, Any] = field(default_factory=dict)

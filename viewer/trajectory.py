@@ -92,15 +92,14 @@ def _token_spans(call: StoredModelCall, lo: int, hi: int, first_index: int,
             parts.append(f'<span class="vb" title="weights v{int(versions[i - 1])} → '
                          f'v{int(versions[i])}">v{int(versions[i])}</span>')
         text = decode(int(tok.token_ids[i])) if decode else f"[{int(tok.token_ids[i])}]"
-        masked = "" if call.loss_mask[i] else " nm"
-        parts.append(f'<span class="t{masked}" data-i="{first_index + i - lo}">{esc(text)}</span>')
+        parts.append(f'<span class="t" data-i="{first_index + i - lo}">{esc(text)}</span>')
         data["text"].append(text)
         data["id"].append(int(tok.token_ids[i]))
         data["lp"].append(_finite(tok.sampler_logprobs[i]))
         data["v"].append(int(versions[i]))
         data["kv"].append(int(tok.kv_versions[i]))
         data["t"].append(_finite(tok.time_offsets[i]))
-        data["mask"].append(int(call.loss_mask[i]))
+        data["mask"].append(1)  # a call's tokens are all sampled: loss mask 1 (core.samples)
         tlp = None if trained is None else _finite(trained[i])
         data["tlp"].append(tlp)
         lp = data["lp"][-1]

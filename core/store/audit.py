@@ -242,7 +242,8 @@ def trajectory_detail(store: Store, trajectory_id: int, *,
                        text=decode(tok.token_ids[i]) if decode else None,
                        sampler_logprob=float(tok.sampler_logprobs[i]),
                        version=int(tok.weights_versions[i]), kv_version=int(tok.kv_versions[i]),
-                       time_s=float(tok.time_offsets[i]), loss_mask=int(call.loss_mask[i]),
+                       time_s=float(tok.time_offsets[i]),
+                       loss_mask=1,  # a call's tokens are all sampled (core.samples)
                        trainer_logprob=_optional(float(trained[i])),
                        log_ratio=_optional(float(trained[i] - tok.sampler_logprobs[i])))
                   for i in range(len(tok))]

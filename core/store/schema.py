@@ -158,7 +158,6 @@ class ModelCall(Base):
     weights_versions: Mapped[bytes] = mapped_column(LargeBinary)  # int32
     kv_versions: Mapped[bytes] = mapped_column(LargeBinary)  # int32
     time_offsets: Mapped[bytes] = mapped_column(LargeBinary)  # float32, s since started_at
-    loss_mask: Mapped[bytes] = mapped_column(LargeBinary)  # uint8
     topk: Mapped[int] = mapped_column(Integer, default=0)
     topk_ids: Mapped[bytes | None] = mapped_column(LargeBinary)  # int32 (T, topk)
     topk_logprobs: Mapped[bytes | None] = mapped_column(LargeBinary)  # float32 (T, topk)

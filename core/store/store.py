@@ -27,7 +27,7 @@ from sqlalchemy import Connection, Engine, bindparam, func, insert, select, text
 from sqlalchemy.exc import DBAPIError
 
 from core.evaluation import Evaluation
-from core.records import FLOAT32, INT32, UINT8, SampledTokens, pack, unpack
+from core.records import FLOAT32, INT32, SampledTokens, pack, unpack
 from core.store import schema as s
 from core.store.db import DEFAULT_URL, normalize_url, open_readonly_engine, open_store_engine
 from core.store.outage import StoreUnavailable, transient
@@ -44,14 +44,10 @@ def evaluation_values(evaluation: Evaluation) -> dict[str, Any]:
 def model_call_row(*, trajectory_id: int, turn: int, segment: int, context_len: int,
                    prompt_token_ids: Sequence[int] | np.ndarray, tokens: SampledTokens,
                    sampling: dict[str, Any] | str, engine_id: str, finish_reason: str,
-                   cached_prompt_tokens: int, started_at: float, finished_at: float,
-                   loss_mask: np.ndarray | None = None) -> dict[str, Any]:
-    """One `model_calls` row; the loss mask defaults to 1 on every sampled token. `sampling` is
-    the request's sampling parameters, as a dict or already encoded as JSON."""
-    if loss_mask is None:
-        loss_mask = np.ones(len(tokens), dtype=UINT8)
-    if len(loss_mask) != len(tokens):
-        raise ValueError(f"loss_mask has {len(loss_mask)} entries for {len(tokens)} tokens")
+                   cached_prompt_tokens: int, started_at: float, finished_at: float
+                   ) -> dict[str, Any]:
+    """One `model_calls` row. `sampling` is the request's sampling parameters, as a dict or
+    already encoded as JSON."""
     return dict(
         trajectory_id=trajectory_id, turn=turn, segment=segment, context_len=context_len,
         num_tokens=len(tokens),
@@ -61,7 +57,6 @@ def model_call_row(*, trajectory_id: int, turn: int, segment: int, context_len: 
         weights_versions=tokens.weights_versions.tobytes(),
         kv_versions=tokens.kv_versions.tobytes(),
         time_offsets=tokens.time_offsets.tobytes(),
-        loss_mask=pack(loss_mask, UINT8),
         topk=tokens.topk,
         topk_ids=None if tokens.topk_ids is None else tokens.topk_ids.tobytes(),
         topk_logprobs=None if tokens.topk_logprobs is None else tokens.topk_logprobs.tobytes(),
@@ -81,7 +76,6 @@ class StoredModelCall:
     context_len: int
     prompt_token_ids: np.ndarray
     tokens: SampledTokens
-    loss_mask: np.ndarray
     sampling: dict[str, Any]
     engine_id: str
     finish_reason: str
@@ -104,7 +98,7 @@ def decode_model_call(row: Any) -> StoredModelCall:
     return StoredModelCall(
         id=row.id, trajectory_id=row.trajectory_id, turn=row.turn, segment=row.segment,
         context_len=row.context_len, prompt_token_ids=unpack(row.prompt_token_ids, INT32),
-        tokens=tokens, loss_mask=unpack(row.loss_mask, UINT8), sampling=row.sampling,
+        tokens=tokens, sampling=row.sampling,
         engine_id=row.engine_id, finish_reason=row.finish_reason,
         cached_prompt_tokens=row.cached_prompt_tokens, started_at=row.started_at,
         finished_at=row.finished_at,
@@ -529,22 +523,6 @@ class Store:
             return [Evaluation(**r._mapping) for r in rows]
 
     # ---------------------------------------------------------------- trainer log-probs
-    def model_call_layout(self, trajectory_ids: Sequence[int]
-                          ) -> dict[int, list[tuple[int, int, np.ndarray]]]:
-        """(model call id, sampled tokens, loss mask) per trajectory, in the learner's order
-        (segment, turn, id): the order in which its sampled tokens form the training sample."""
-        table = s.ModelCall.__table__
-        out: dict[int, list[tuple[int, int, np.ndarray]]] = {tid: [] for tid in trajectory_ids}
-        with self.engine.connect() as c:
-            rows = c.execute(select(table.c.id, table.c.trajectory_id, table.c.num_tokens,
-                                    table.c.loss_mask)
-                             .where(table.c.trajectory_id.in_(list(trajectory_ids)))
-                             .order_by(table.c.trajectory_id, table.c.segment, table.c.turn,
-                                       table.c.id))
-            for r in rows:
-                out[r.trajectory_id].append((r.id, r.num_tokens, unpack(r.loss_mask, UINT8)))
-        return out
-
     def insert_trainer_logprobs(self, run_id: str, rows: Sequence[dict[str, Any]]) -> None:
         """Rows of `trainer_logprobs` (model_call_id, learner_step, policy_version, num_tokens,
         logprobs as packed float32), in one transaction."""

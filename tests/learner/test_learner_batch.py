@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -15,12 +16,20 @@ from learner.batch import (
     JsonlSource,
     TrainingSample,
     demonstration,
-    sample_from_segments,
+    samples_from_calls,
     take_batch,
     write_jsonl,
 )
 from learner.metrics import ConsoleSink, JsonlSink, StepReport, available_sinks, make_sinks
 from learner.tensors import collate
+
+
+@dataclass(frozen=True)
+class _Call:  # a stored model call as the one path reads it
+    id: int
+    segment: int
+    prompt_token_ids: np.ndarray
+    tokens: object
 
 
 def _sample(n: int = 6, seq: int = 0, group: str = "g", topk: int = 0, reward: float = 1.0):
@@ -39,7 +48,7 @@ def _sample(n: int = 6, seq: int = 0, group: str = "g", topk: int = 0, reward: f
         weights_versions=np.where(mask, 3, -1),
         reward=reward,
         group_id=group,
-        trajectory_id=f"t{seq}",
+        trajectory_id=seq,
         sequence=seq,
         **kw,
     )
@@ -47,13 +56,17 @@ def _sample(n: int = 6, seq: int = 0, group: str = "g", topk: int = 0, reward: f
 
 def test_sample_validation_errors_say_what_is_wrong():
     with pytest.raises(ValueError, match="loss_mask has shape"):
-        TrainingSample([1, 2, 3], [0, 1], [0, 0, 0], [0, 0, 0], 1.0, "g", "t")
+        TrainingSample([1, 2, 3], [0, 1], [0, 0, 0], [0, 0, 0], 1.0, "g", 1)
     with pytest.raises(ValueError, match="first token has no prefix"):
-        TrainingSample([1, 2], [1, 1], [0, 0], [0, 0], 1.0, "g", "t")
+        TrainingSample([1, 2], [1, 1], [0, 0], [0, 0], 1.0, "g", 1)
     with pytest.raises(ValueError, match="finite on every loss token"):
-        TrainingSample([1, 2], [0, 1], [0, float("nan")], [0, 0], 1.0, "g", "t")
+        TrainingSample([1, 2], [0, 1], [0, float("nan")], [0, 0], 1.0, "g", 1)
     with pytest.raises(ValueError, match="given together"):
-        TrainingSample([1, 2], [0, 1], [0, 0], [0, 0], 1.0, "g", "t", sampler_topk_ids=[[1], [2]])
+        TrainingSample([1, 2], [0, 1], [0, 0], [0, 0], 1.0, "g", 1, sampler_topk_ids=[[1], [2]])
+    with pytest.raises(ValueError, match="trajectory_id 'demo-1' is not an int"):
+        TrainingSample([1, 2], [0, 1], [0, 0], [0, 0], 1.0, "g", "demo-1")
+    with pytest.raises(ValueError, match="kind 'demo' is not one of rollout, demonstration"):
+        TrainingSample([1, 2], [0, 1], [0, 0], [0, 0], 1.0, "g", 1, kind="demo")
 
 
 def test_samples_are_frozen():
@@ -124,6 +137,7 @@ def test_collate_pads_right_and_shifts_per_token_data():
 def test_demonstration_is_a_sample_with_its_own_group():
     s = demonstration([1, 2, 3], [0, 1, 1], index=4)
     assert s.group_id == "demo-4" and s.num_loss_tokens == 2
+    assert s.member == ("demonstration", 4)  # not a rollout with id 4
 
 
 def test_console_and_jsonl_sinks(tmp_path):
@@ -157,7 +171,7 @@ def test_missing_sink_packages_are_a_clear_error(tmp_path):
         make_sinks(["stdout"], tmp_path)
 
 
-def test_sample_from_segments_lays_out_context_and_model_calls():
+def test_samples_from_calls_lay_out_context_and_model_calls():
     from core.records import SampledTokens
 
     call = SampledTokens(
@@ -169,15 +183,17 @@ def test_sample_from_segments_lays_out_context_and_model_calls():
         topk_ids=[[7, 1], [8, 2]],
         topk_logprobs=[[-0.1, -3.0], [-0.2, -2.5]],
     )
-    sample = sample_from_segments(
-        [[1, 2, 3], call, [9], call], reward=1.0, group_id=3, trajectory_id=11, sequence=5
+    calls = [_Call(21, 0, np.array([1, 2, 3]), call), _Call(22, 0, np.array([9]), call)]
+    (sample,) = samples_from_calls(
+        calls, reward=1.0, group_id=3, trajectory_id=11, sequence=5
     )
     assert sample.token_ids.tolist() == [1, 2, 3, 7, 8, 9, 7, 8]
     assert sample.loss_mask.astype(int).tolist() == [0, 0, 0, 1, 1, 0, 1, 1]
     assert sample.weights_versions.tolist() == [-1, -1, -1, 4, 5, -1, 4, 5]
     np.testing.assert_allclose(sample.sampler_logprobs[3:5], [-0.1, -0.2])
     assert sample.topk == 2 and np.isinf(sample.sampler_topk_logprobs[5]).all()
-    masked = sample_from_segments(
-        [[1], call], reward=0.0, group_id=3, trajectory_id=12, trainable=False
+    assert sample.model_call_ids == (21, 22) and sample.call_spans == ((3, 5), (6, 8))
+    (masked,) = samples_from_calls(
+        calls[:1], reward=0.0, group_id=3, trajectory_id=12, trainable=False
     )
     assert masked.num_loss_tokens == 0

@@ -223,7 +223,8 @@ def test_zero_variance_groups_can_be_dropped(tiny, rl_samples):
 
 def test_the_segments_of_one_trajectory_count_once_in_the_step_denominators(tiny, rl_samples):
     """Rows sharing a trajectory id (a template split the trajectory) are one sequence."""
-    merged = [replace(s, trajectory_id="t0") if i < 2 else s for i, s in enumerate(rl_samples)]
+    first = rl_samples[0].trajectory_id
+    merged = [replace(s, trajectory_id=first) if i < 2 else s for i, s in enumerate(rl_samples)]
     cfg = _config(loss=dict(aggregation="seq_mean_token_mean"))
     learner = Learner(tiny, cfg)
     batch = collate(merged, learner.pad_id)

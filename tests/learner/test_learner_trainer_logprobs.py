@@ -4,13 +4,15 @@ Contract (learner/trainer_logprobs.py):
 - after an RL step on store-sourced samples, every trained trajectory's model calls have one
   `trainer_logprobs` row: as many values as the call's sampled tokens, equal to the policy's
   log-probs under the weights the step trained from (computed here independently, one sample
-  at a time), NaN where the call's loss mask is 0;
+  at a time), NaN where the sample's loss mask is 0;
 - multi-call and multi-segment trajectories split back to the right calls;
 - `trainer_logprobs_every = 2` records steps 1, 3, ... only;
-- values that do not fit the stored calls raise instead of being stored against wrong tokens.
+- log-probs that do not cover a sample raise instead of being stored short.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -32,19 +34,19 @@ def model_dir(tmp_path_factory):
     return init_tiny(tmp_path_factory.mktemp("model") / "tiny")
 
 
-def _call(trajectory: int, turn: int, segment: int, prompt: list[int], sampled: list[int],
-          mask: list[int] | None = None) -> dict:
+def _call(trajectory: int, turn: int, segment: int, prompt: list[int], sampled: list[int]
+          ) -> dict:
     n = len(sampled)
     tokens = SampledTokens(sampled, np.full(n, -1.0), np.zeros(n), np.zeros(n), np.zeros(n))
     return model_call_row(trajectory_id=trajectory, turn=turn, segment=segment, context_len=0,
                           prompt_token_ids=prompt, tokens=tokens, sampling={}, engine_id="e",
                           finish_reason="stop", cached_prompt_tokens=0, started_at=0.0,
-                          finished_at=1.0, loss_mask=None if mask is None else np.array(mask))
+                          finished_at=1.0)
 
 
 def _stored_run(url: str, rounds: int = 1) -> Store:
-    """Groups of two trajectories (rewards 0 and 1), one with two turns and a masked token,
-    one with two segments; `rounds` batches of them, admitted in order."""
+    """Groups of two trajectories (rewards 0 and 1), one with two turns, one with two
+    segments; `rounds` batches of them, admitted in order."""
     store = Store.open(url, create=True)
     store.create_run("r", name="r", config={}, pipeline_mode="async")
     rng = np.random.default_rng(0)
@@ -58,7 +60,7 @@ def _stored_run(url: str, rounds: int = 1) -> Store:
                 t = store.create_trajectory("r", group_id=group, task_instance_id=task)
                 if reward == 0.0:
                     calls = [_call(t, 0, 0, ids(5), ids(4)),
-                             _call(t, 1, 0, ids(3), ids(6), mask=[1, 1, 0, 1, 1, 1])]
+                             _call(t, 1, 0, ids(3), ids(6))]
                 else:
                     calls = [_call(t, 0, 0, ids(4), ids(5)), _call(t, 1, 1, ids(7), ids(3))]
                 store.insert_model_calls(calls)
@@ -94,17 +96,21 @@ def test_every_trained_token_gets_the_learners_logprob(model_dir, tmp_path):
             positions = np.flatnonzero(sample.loss_mask)
             expected.setdefault(sample.trajectory_id, []).append(lp.numpy()[positions - 1])
         learner.policy.train()
+    masked = np.flatnonzero(samples[0].loss_mask)[1]  # one sampled token the step does not train
+    samples[0] = replace(samples[0], loss_mask=samples[0].loss_mask
+                         & (np.arange(samples[0].length) != masked))
+    expected[samples[0].trajectory_id][0][1] = np.nan
     learner.rl_step(samples)
     rows = _stored(store)
-    layout = store.model_call_layout(list(expected))
-    assert len(rows) == sum(len(calls) for calls in layout.values()) == 8
-    for trajectory, calls in layout.items():
+    calls = {t: store.model_calls(t) for t in expected}
+    assert len(rows) == sum(len(c) for c in calls.values()) == 8
+    for trajectory, stored in calls.items():
         values, start = np.concatenate(expected[trajectory]), 0
-        for call_id, n, mask in calls:
-            step, version, got = rows[call_id]
+        for call in stored:
+            n = len(call.tokens)
+            step, version, got = rows[call.id]
             assert (step, version, len(got)) == (1, 0, n)
-            want = np.where(mask.astype(bool), values[start:start + n], np.nan)
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(got, values[start:start + n], rtol=1e-4, atol=1e-5)
             start += n
     assert any(np.isnan(v).any() for _, _, v in rows.values())  # the masked token
     store.close()
@@ -123,10 +129,10 @@ def test_every_n_records_one_step_in_n(model_dir, tmp_path):
     store.close()
 
 
-def test_values_that_do_not_fit_the_stored_calls_raise(tmp_path):
+def test_logprobs_that_do_not_cover_a_sample_raise(tmp_path):
     store = _stored_run(f"sqlite:///{tmp_path / 's.db'}")
     recorder = TrainerLogprobRecorder(store, "r")
-    trajectory, calls = next(iter(store.model_call_layout([1]).items()))
-    with pytest.raises(ValueError, match="stored sampled tokens but the learner trained"):
-        recorder._split(trajectory, np.zeros(3, np.float32), calls, step=1)
+    samples = StoreSource(store, "r").read(0, 100)
+    with pytest.raises(ValueError, match="tokens but the learner's log-probs cover 4"):
+        recorder.observe(1, 0, samples, torch.zeros(len(samples), 3))
     store.close()

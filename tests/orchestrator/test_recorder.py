@@ -20,7 +20,7 @@ from orchestrator.writer import StoreWriter
 
 def _record(tid: int, turn: int, segment_break: str | None) -> ModelCallRecord:
     return ModelCallRecord(
-        trajectory_id=str(tid), turn=turn, segment=turn, context_len=0,
+        trajectory_id=tid, turn=turn, segment=turn, context_len=0,
         prompt_token_ids=np.asarray([1, 2], dtype=np.int32),
         tokens=SampledTokens([3], [-0.5], [0], [0], [0.0]),
         params=SamplingParams(max_tokens=8), engine_id="e", finish_reason="stop",

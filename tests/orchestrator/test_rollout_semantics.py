@@ -622,7 +622,7 @@ async def test_cancellation_propagates_and_releases_everything():
 
     async def trajectory() -> None:
         nonlocal finished
-        await run(make_task(), engine, start_sandbox(lambda spec: fake), trajectory_id="t-9")
+        await run(make_task(), engine, start_sandbox(lambda spec: fake), trajectory_id=9)
         finished = True
 
     async with anyio.create_task_group() as tg:
@@ -632,4 +632,4 @@ async def test_cancellation_propagates_and_releases_everything():
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
     assert tg.cancel_scope.cancelled_caught and not finished
-    assert engine.released == ["t-9/0"] and fake.closed
+    assert engine.released == ["9/0"] and fake.closed

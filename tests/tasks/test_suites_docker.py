@@ -109,7 +109,7 @@ async def test_concurrent_trajectories_through_a_warm_pool():
             results[number] = await run_trajectory(
                 task=demo.task, engine=engine, chat_format=FORMAT, recorder=MemoryRecorder(),
                 acquire_sandbox=lambda s, n=number: pool.acquire(trajectory_id=f"pool-{n}"),
-                params=SamplingParams(max_tokens=1024), trajectory_id=f"pool-{number}")
+                params=SamplingParams(max_tokens=1024), trajectory_id=number)
 
         async with anyio.create_task_group() as group:
             for number, demo in enumerate(demos):

@@ -117,7 +117,6 @@ CREATE TABLE model_calls (
 	weights_versions BLOB NOT NULL,
 	kv_versions BLOB NOT NULL,
 	time_offsets BLOB NOT NULL,
-	loss_mask BLOB NOT NULL,
 	topk INTEGER NOT NULL,
 	topk_ids BLOB,
 	topk_logprobs BLOB,

@@ -50,7 +50,6 @@ def test_model_calls_round_trip(backend, request):
     for call, (tokens, prompt) in zip(read, written):
         assert call.tokens == tokens
         assert np.array_equal(call.prompt_token_ids, prompt.astype(INT32))
-        assert call.loss_mask.tolist() == [1] * len(tokens)
         assert call.sampling == {"temperature": 0.7}
     store.close()
 
@@ -60,12 +59,6 @@ def test_record_lengths_are_checked():
         SampledTokens([1, 2, 3], [0.0, 0.0], [0, 0, 0], [0, 0, 0], [0, 0, 0])
     with pytest.raises(ValueError, match="given together"):
         SampledTokens([1], [0.0], [0], [0], [0.0], topk_ids=[[1, 2]])
-    tokens = SampledTokens([1], [0.0], [0], [0], [0.0])
-    with pytest.raises(ValueError, match="loss_mask has 2 entries for 1 tokens"):
-        model_call_row(trajectory_id=1, turn=0, segment=0, context_len=0, prompt_token_ids=[],
-                       tokens=tokens, sampling={}, engine_id="e", finish_reason="stop",
-                       cached_prompt_tokens=0, started_at=0.0, finished_at=0.0,
-                       loss_mask=np.ones(2))
 
 
 def test_a_record_of_no_tokens_keeps_its_top_k_width():

@@ -279,7 +279,8 @@ def test_a_version_that_never_comes_is_an_engine_error_not_a_hang():
 def test_rollout_dynamics_reports_version_spans_kv_lag_and_timeouts(sqlite_url):
     """Inflight updates land between a trajectory's two model calls: the summary's dynamics
     match what the trajectory rows and decisions say."""
-    from orchestrator.report import held_out_gain, rollout_dynamics
+    from core.evaluation import gain_figures
+    from orchestrator.report import rollout_dynamics
 
     store, _, _, _ = run_pipeline(
         sqlite_url, {"pipeline": {"mode": "inflight", "steps": 6},
@@ -294,9 +295,9 @@ def test_rollout_dynamics_reports_version_spans_kv_lag_and_timeouts(sqlite_url):
     assert dynamics["multi_version_fraction"] > 0, "some trajectory should span an update"
     assert dynamics["max_version_span"] == max(spans)
     assert dynamics["timeouts"] == 0 and dynamics["timeout_decisions"] == {}
-    gain = held_out_gain((10, 64), (30, 64))
+    gain = gain_figures((10, 64), (30, 64))
     assert gain["gain_excludes_zero"] and gain["gain_low"] > 0
-    assert not held_out_gain((30, 64), (32, 64))["gain_excludes_zero"]
+    assert not gain_figures((30, 64), (32, 64))["gain_excludes_zero"]
 
 
 def test_kv_lag_is_per_token_so_a_recomputed_cache_has_none(sqlite_url):

@@ -59,12 +59,12 @@ def prompts(batch: int, prompt_len: int, vocab: int, seed: int) -> list[list[int
 
 
 async def http_rate(url: str, batch: int, prompt_len: int, new_tokens: int, vocab: int,
-                    seed: int, backend: str = "stalewise") -> float:
+                    seed: int, kind: str = "embedded") -> float:
     from core.engine_api import GenerateRequest, SamplingParams
     from orchestrator.engines.embedded import engine_client
 
     params = SamplingParams(max_tokens=new_tokens)
-    async with engine_client(url, ignore_eos=True, backend=backend) as client:
+    async with engine_client(url, ignore_eos=True, kind=kind) as client:
         requests = [GenerateRequest(p, params) for p in prompts(batch, prompt_len, vocab, seed)]
         total = 0
 
@@ -140,7 +140,7 @@ def vllm_side_by_side(args: argparse.Namespace, sessions: list[int]) -> None:
     config = EngineServerConfig(threads=args.threads, max_batch=max(sessions))
     with start_engine(args.model, config) as server:
         starts["embedded"] = time.perf_counter() - started
-        measure("embedded", "stalewise", server.url)
+        measure("embedded", "embedded", server.url)
     started = time.perf_counter()
     with start_vllm(args.model, extra_args=(
             "--dtype", "float32", "--max-model-len", str(args.prompt + args.tokens + 64),
@@ -168,7 +168,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, both contenders")
     parser.add_argument("--model", type=Path, default=None, help="checkpoint (default: tiny)")
-    parser.add_argument("--backend", choices=("stalewise", "vllm"), default="stalewise",
+    parser.add_argument("--backend", choices=("embedded", "vllm"), default="embedded",
                         help="vllm: the embedded engine against vLLM instead of HF generate")
     args = parser.parse_args()
     sessions = [int(s) for s in args.sessions.split(",")]

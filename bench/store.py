@@ -19,7 +19,6 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import argparse
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -83,9 +82,12 @@ def main() -> None:
     args = parser.parse_args()
 
     url = normalize_url(args.url)
-    if url.startswith("sqlite:///"):
-        directory = Path(url[len("sqlite:///"):]).parent
-        shutil.rmtree(directory, ignore_errors=True)
+    files = sqlite_files(url)
+    if files and files[0].exists():
+        sys.exit(f"{files[0]} exists: bench/store.py writes a database of its own and removes it "
+                 f"afterwards; pass another --url, or remove that file if it is an old benchmark's")
+    if files:
+        files[0].parent.mkdir(parents=True, exist_ok=True)
     store = Store.open(url, create=True)
     run_id = f"bench-{int(time.time())}"
     store.create_run(run_id, name="bench/store.py", config={"bench": vars(args)},
@@ -120,8 +122,17 @@ def main() -> None:
         print(f"  bytes per token     {size / total_tokens:.1f}")
     print(f"  run id              {run_id}   (try: stalewise audit show 1 --url {url})")
     store.close()
-    if not args.keep and url.startswith("sqlite:///"):
-        shutil.rmtree(Path(url[len("sqlite:///"):]).parent, ignore_errors=True)
+    if not args.keep:
+        for path in files:  # only the files this run created, never the folder around them
+            path.unlink(missing_ok=True)
+
+
+def sqlite_files(url: str) -> list[Path]:
+    """The database file of a SQLite URL and its journal files; nothing for other databases."""
+    if not url.startswith("sqlite:///"):
+        return []
+    db = Path(url[len("sqlite:///"):])
+    return [db] + [db.with_name(db.name + suffix) for suffix in ("-wal", "-shm", "-journal")]
 
 
 if __name__ == "__main__":

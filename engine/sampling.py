@@ -71,19 +71,25 @@ def _sample_unfiltered(logits_B_V: torch.Tensor, temperature_B: torch.Tensor,
                        ) -> SampleOutput:
     """Inverse-CDF sampling in vocabulary order: the same distribution without sorting it
     (a sort of a 50k vocabulary costs as much as a decode step of a 135M model)."""
-    scaled = logits_B_V.float() / temperature_B.unsqueeze(1)
+    scaled = logits_B_V.float()
+    if bool((temperature_B != 1.0).any()):  # x / 1 is x: the division is skipped, not changed
+        scaled = scaled / temperature_B.unsqueeze(1)
     if suppress_B_V is not None:
         scaled = scaled.masked_fill(suppress_B_V, float("-inf"))
     logprobs_B_V = torch.log_softmax(scaled, dim=-1)
-    cdf_B_V = torch.cumsum(logprobs_B_V.exp().double(), dim=-1)
+    cdf_B_V = torch.cumsum(logprobs_B_V.exp(), dim=-1, dtype=torch.float64)
     target_B = uniforms_B.double() * cdf_B_V[:, -1]
-    choice_B = torch.searchsorted(cdf_B_V, target_B.unsqueeze(1), right=True).squeeze(1)
-    ranks_V = torch.arange(logprobs_B_V.shape[-1])
-    last_valid_B = torch.where(torch.isfinite(logprobs_B_V), ranks_V, 0).amax(dim=-1)
-    choice_B = torch.minimum(choice_B, last_valid_B).unsqueeze(1)
+    choice_B_1 = torch.searchsorted(cdf_B_V, target_B.unsqueeze(1), right=True)
+    picked_B = logprobs_B_V.gather(1, choice_B_1).squeeze(1)
+    if not bool(torch.isfinite(picked_B).all()):
+        # The first cdf entry above the target adds positive mass, so this is only a guard
+        # against rounding past the last id left in (a full scan of the vocabulary, rarely run).
+        ranks_V = torch.arange(logprobs_B_V.shape[-1])
+        last_valid_B = torch.where(torch.isfinite(logprobs_B_V), ranks_V, 0).amax(dim=-1)
+        choice_B_1 = torch.minimum(choice_B_1.squeeze(1), last_valid_B).unsqueeze(1)
+        picked_B = logprobs_B_V.gather(1, choice_B_1).squeeze(1)
     empty = torch.empty(logits_B_V.shape[0], 0)
-    return SampleOutput(token_ids_B=choice_B.squeeze(1),
-                        logprobs_B=logprobs_B_V.gather(1, choice_B).squeeze(1),
+    return SampleOutput(token_ids_B=choice_B_1.squeeze(1), logprobs_B=picked_B,
                         topk_ids_B_K=empty.long(), topk_logprobs_B_K=empty)
 
 

@@ -27,6 +27,10 @@ class EngineServerConfig(ConfigSection):
         None, ge=2, description="context length cap (default: the model's); bounds KV memory")
     max_prefill_tokens: int = Field(4096, ge=1, description="prompt tokens prefilled per step")
     threads: int = Field(1, ge=1, description="torch CPU threads (1 is fastest for tiny models)")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="weights, KV and products; 'auto': bfloat16 on a CPU with bfloat16 "
+        "instructions (AMX or AVX-512-BF16) for a model at least 512 wide, else float32 "
+        "(core.numerics); logits and log-probs are float32 either way")
     served_model_name: str | None = Field(None, description="name in /v1/models (default: path)")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "warning"
 

@@ -328,7 +328,11 @@ class LearnerConfig(_Strict):
         None, ge=1, description="torch CPU threads of `learner serve` (the job's learner); None "
         "= torch's default, one per core. Where the engine and sandboxes share the cores, 1 "
         "avoids oversubscription (bench/learner_threads.py measures it)")
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="the products of the forward and backward passes (torch autocast); "
+        "weights, gradients and optimizer state stay float32. 'auto': bfloat16 on CUDA and on a "
+        "CPU with bfloat16 instructions for a model at least 512 wide, else float32 "
+        "(core.numerics)")
     seed: int = Field(0, description="torch's seed in the learner; in a job, run.seed unless "
                       "set here")
     record_trainer_logprobs: bool = Field(

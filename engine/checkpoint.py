@@ -4,8 +4,8 @@ A checkpoint directory is what `save_pretrained` writes: `config.json` plus `mod
 (or shards listed in `model.safetensors.index.json`). The learner publishes every policy
 version this way. Guarantees:
 
-- `load_model` returns a float32 causal LM in eval mode on CPU, or raises `CheckpointError`
-  saying which file is missing or which architecture is unsupported.
+- `load_model` returns a float32 (or the asked bfloat16) causal LM in eval mode on CPU, or
+  raises `CheckpointError` saying which file is missing or which architecture is unsupported.
 - `read_state_dict` returns float32 tensors keyed like the model's own parameters, after
   checking that every parameter the model has is present with the same shape and that the
   checkpoint holds nothing the model does not; a mismatch names the tensor and the two shapes.
@@ -54,14 +54,14 @@ def read_config(directory: str | Path) -> dict:
     return config
 
 
-def load_model(directory: str | Path) -> PreTrainedModel:
-    """The checkpoint as a float32 eval-mode causal LM on CPU."""
+def load_model(directory: str | Path, dtype: str = "float32") -> PreTrainedModel:
+    """The checkpoint as an eval-mode causal LM on CPU, in `dtype` ("float32" or "bfloat16")."""
     import torch
     from transformers import AutoModelForCausalLM
 
     directory = Path(directory)
     read_config(directory)
-    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=getattr(torch, dtype))
     model.eval()
     model.requires_grad_(False)
     return model

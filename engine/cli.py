@@ -53,6 +53,7 @@ def serve_command(
     max_batch: int | None = typer.Option(None, min=1, help=_help("max_batch")),
     session_cache_mb: float | None = typer.Option(None, min=0.0, help=_help("session_cache_mb")),
     threads: int | None = typer.Option(None, min=1, help=_help("threads")),
+    dtype: str | None = typer.Option(None, help=_help("dtype")),
     max_model_len: int | None = typer.Option(None, min=2, help=_help("max_model_len")),
     served_model_name: str | None = typer.Option(None, help=_help("served_model_name")),
     log_level: str | None = typer.Option(None, help=_help("log_level")),
@@ -64,7 +65,7 @@ def serve_command(
     from engine.checkpoint import CheckpointError, read_config
 
     flags = dict(max_batch=max_batch, session_cache_mb=session_cache_mb, threads=threads,
-                 max_model_len=max_model_len, served_model_name=served_model_name,
+                 dtype=dtype, max_model_len=max_model_len, served_model_name=served_model_name,
                  log_level=log_level, max_resident_versions=max_resident_versions)
     try:
         cfg = _server_config(config, {k: v for k, v in flags.items() if v is not None})

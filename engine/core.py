@@ -5,7 +5,9 @@ sequence; other threads talk to it only through commands, answered by futures. E
 
 1. apply commands (new requests, aborts, pause/resume, weight updates, session release);
 2. admit waiting requests into free rows (new sequences join between decode steps): restore
-   the session's retained KV for the longest common prefix, prefill only the rest;
+   the session's retained KV for the longest common prefix, prefill only the rest; requests
+   admitted together with the same uncached prompt (a group's G members) share one prefill:
+   the first computes it, the others copy its KV row and its last logits;
 3. decode one token for every sequence admitted in an earlier step, in one batched forward;
 4. sample every row from its processed distribution and record, per token: id, processed
    log-prob, weights version of the forward, oldest version among the KV entries it attended
@@ -62,6 +64,7 @@ import torch
 
 from config.engine import EngineServerConfig
 from core.engine_api import KvPolicy, PauseMode, UpdateMode, UpdateWeightsReply
+from core.numerics import DtypeSetting, resolve_dtype
 from engine.checkpoint import eos_token_ids, load_model, read_config, read_state_dict
 from engine.forward import RowForward
 from engine.metrics import EngineMetrics
@@ -145,6 +148,26 @@ def _copy_outcome(source: Future, target: Future) -> None:
         target.set_result(source.result())
 
 
+def _share_prompts(seqs: list[_Sequence]
+                   ) -> tuple[list[_Sequence], list[tuple[_Sequence, _Sequence]]]:
+    """Split sequences admitted together on one slot into those to prefill and (copy, leader)
+    pairs: a sequence with nothing cached whose prompt equals an earlier one's (the members of
+    a GRPO group) takes the leader's KV row and last logits instead of computing them again."""
+    computed: list[_Sequence] = []
+    copies: list[tuple[_Sequence, _Sequence]] = []
+    leaders: dict[tuple[int, ...], _Sequence] = {}
+    for seq in seqs:
+        key = tuple(seq.context) if seq.n_fed == 0 else None
+        leader = leaders.get(key) if key is not None else None
+        if leader is not None:
+            copies.append((seq, leader))
+            continue
+        computed.append(seq)
+        if key is not None:
+            leaders[key] = seq
+    return computed, copies
+
+
 class Engine:
     """Continuous-batching engine over one Hugging Face checkpoint (see module docstring)."""
 
@@ -153,12 +176,14 @@ class Engine:
                  session_cache_mb: float = DEFAULTS.session_cache_mb, seed: int = 0,
                  max_prefill_tokens: int = DEFAULTS.max_prefill_tokens,
                  max_model_len: int | None = None, engine_id: str | None = None,
-                 max_resident_versions: int = DEFAULTS.max_resident_versions) -> None:
+                 max_resident_versions: int = DEFAULTS.max_resident_versions,
+                 dtype: DtypeSetting = DEFAULTS.dtype) -> None:
         if max_resident_versions < 1:
             raise ValueError(f"max_resident_versions must be >= 1, got {max_resident_versions}")
         self.model_dir = Path(model_dir)
-        read_config(self.model_dir)
-        model = load_model(self.model_dir)
+        config = read_config(self.model_dir)
+        self.dtype = resolve_dtype(dtype, hidden_size=int(config.get("hidden_size", 0)))
+        model = load_model(self.model_dir, self.dtype)
         self._current = WeightsSlot(version, str(self.model_dir), model,
                                     RowForward(model, rows=max_batch, max_len=max_model_len))
         self._slots: dict[int, WeightsSlot] = {version: self._current}
@@ -674,11 +699,17 @@ class Engine:
             prefilled += count
         logits: dict[int, torch.Tensor] = {}
         for slot in {id(seq.slot): seq.slot for seq in placed}.values():
-            group = [seq for seq in placed if seq.slot is slot]
+            computed, copies = _share_prompts([seq for seq in placed if seq.slot is slot])
             rows_logits = slot.forward.prefill_many(
-                [(seq.row, seq.context[seq.n_fed:], seq.n_fed) for seq in group])
-            for seq, row_logits in zip(group, rows_logits):
+                [(seq.row, seq.context[seq.n_fed:], seq.n_fed) for seq in computed])
+            for seq, row_logits in zip(computed, rows_logits):
                 logits[id(seq)] = row_logits
+            for seq, leader in copies:  # a group's G members: one prefill, G - 1 row copies
+                slot.forward.copy_row(leader.row, seq.row, len(seq.context))
+                logits[id(seq)] = logits[id(leader)]
+                prefilled -= len(seq.context)
+                self.metrics.shared_prompt_tokens += len(seq.context)
+            for seq in computed + [seq for seq, _ in copies]:
                 seq.spans.append(len(seq.context) - seq.n_fed, seq.slot.version)
                 seq.n_fed = len(seq.context)
         if placed:

@@ -17,6 +17,10 @@ head_dim). Row r holds one sequence; position p of that sequence lives at index 
   HF's to the bit on one thread; decode steps and chunked prefills use other kernel shapes
   and agree to float32 rounding (3e-7 on the tiny model, <= 5e-5 on SmolLM2-135M, whose
   logits reach 35; docs/engine.md).
+- The cache, the activations and the products are in the model's dtype (float32, or bfloat16
+  where `[engine] dtype` chose it: `core.numerics`); logits are always returned as float32,
+  and the sampler's log-probs are computed from them in float32. In bfloat16 the agreement
+  with HF is that of two bfloat16 forwards, not float32 rounding (docs/engine.md).
 - `refresh_weights()` must be called after the model's parameters change in place: the fused
   projection matrices used here are copies.
 """
@@ -97,13 +101,14 @@ class RowForward:
         self.scale = self.head_dim ** -0.5
         self.act = ACT2FN[config.hidden_act]
         self.rows = rows
+        self.dtype = model.dtype  # of the weights, the activations and the KV rows
         self.capacity = min(initial_capacity, self.max_len)
         shape = (rows, self.n_kv_heads, self.capacity, self.head_dim)
-        self.keys = [torch.zeros(shape) for _ in range(self.n_layers)]
-        self.values = [torch.zeros(shape) for _ in range(self.n_layers)]
+        self.keys = [torch.zeros(shape, dtype=self.dtype) for _ in range(self.n_layers)]
+        self.values = [torch.zeros(shape, dtype=self.dtype) for _ in range(self.n_layers)]
         with torch.no_grad():
             positions = torch.arange(self.max_len).unsqueeze(0)
-            probe = torch.zeros(1, 1, dtype=torch.float32)
+            probe = torch.zeros(1, 1, dtype=self.dtype)  # HF casts cos/sin to the model dtype
             cos, sin = model.model.rotary_emb(probe, positions)
         self.cos_P_D = cos[0].contiguous()
         self.sin_P_D = sin[0].contiguous()
@@ -147,7 +152,8 @@ class RowForward:
             new_capacity = min(2 * new_capacity, self.max_len)
         for store in (self.keys, self.values):
             for i, old in enumerate(store):
-                grown = torch.zeros(self.rows, self.n_kv_heads, new_capacity, self.head_dim)
+                grown = torch.zeros(self.rows, self.n_kv_heads, new_capacity, self.head_dim,
+                                    dtype=self.dtype)
                 grown[:, :, : self.capacity] = old
                 store[i] = grown
         self.capacity = new_capacity
@@ -169,7 +175,7 @@ class RowForward:
             v_cache[row, :, :length] = v[:, :length]
 
     def bytes_per_token(self) -> int:
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * 4
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype.itemsize
 
     # ---- forward -----------------------------------------------------------------------------
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -204,7 +210,8 @@ class RowForward:
         return self._residual(h, self.act(gate) * up, layer.down_weight, layer.down_bias)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(self._rms(h, self.final_norm), self.head_weight, self.head_bias)
+        """The head's float32 logits (a bfloat16 model's are widened after the product)."""
+        return F.linear(self._rms(h, self.final_norm), self.head_weight, self.head_bias).float()
 
     @torch.no_grad()
     def prefill(self, row: int, input_ids: list[int], start: int) -> torch.Tensor:

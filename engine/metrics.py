@@ -22,6 +22,7 @@ class EngineMetrics:
         self.prompt_tokens = 0
         self.prefilled_tokens = 0
         self.cached_prompt_tokens = 0
+        self.shared_prompt_tokens = 0   # prompt tokens copied from a group member's prefill
         self.recomputed_tokens = 0
         self.session_hits = 0
         self.session_misses = 0
@@ -96,6 +97,7 @@ class EngineMetrics:
             "tokens/prompt_total": self.prompt_tokens,
             "tokens/prefilled_total": self.prefilled_tokens,
             "tokens/cache_hit_total": self.cached_prompt_tokens,
+            "tokens/shared_prompt_total": self.shared_prompt_tokens,
             "tokens/recomputed_total": self.recomputed_tokens,
             "sessions/hits_total": self.session_hits,
             "sessions/misses_total": self.session_misses,

@@ -158,7 +158,8 @@ class EngineApp:
         return {"max_batch": engine.max_batch, "session_cache_mb": engine.session_cache_mb,
                 "max_resident_versions": engine.max_resident_versions,
                 "max_model_len": engine.max_len, "max_prefill_tokens": engine.max_prefill_tokens,
-                "threads": torch.get_num_threads(), "served_model_name": self.model_name,
+                "threads": torch.get_num_threads(), "dtype": engine.dtype,
+                "served_model_name": self.model_name,
                 "log_level": logging.getLevelName(logging.getLogger("uvicorn.error").level).lower()}
 
     async def health(self, request: Request) -> Response:
@@ -278,7 +279,7 @@ def serve(model_dir: str | Path, cfg: EngineServerConfig | None = None, *,
     engine = Engine(model_dir, version=version, max_batch=cfg.max_batch,
                     session_cache_mb=cfg.session_cache_mb, seed=seed,
                     max_prefill_tokens=cfg.max_prefill_tokens, max_model_len=cfg.max_model_len,
-                    max_resident_versions=cfg.max_resident_versions)
+                    max_resident_versions=cfg.max_resident_versions, dtype=cfg.dtype)
     served_model_name, log_level = cfg.served_model_name, cfg.log_level
     app = build_app(engine, model_name=served_model_name or str(model_dir),
                     tokenizer=_load_tokenizer(model_dir))

@@ -4,21 +4,52 @@ Position convention (the "shifted" space every loss works in): for a sequence of
 logits at position t predict token t + 1, so per-token quantities have length T - 1 and entry
 j describes token j + 1 of the sequence. `policy_outputs` returns the logits of positions
 0 .. T-2, their logsumexp and the log-probabilities of tokens 1 .. T-1, in float32 whatever
-the model dtype.
+the dtype of the products.
+
+Weights are float32 (the master copy the optimizer updates); `Precision` runs the products in
+bfloat16 where `[learner] dtype` chose it (torch autocast: matrix products in bfloat16,
+reductions and norms in float32), so gradients and optimizer state stay float32.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from core.numerics import Dtype, DtypeSetting, resolve_dtype
 
 
-def load_policy(path: str | Path, device: str = "cpu", dtype: str = "float32") -> nn.Module:
+@dataclass(frozen=True)
+class Precision:
+    """The dtype of a learner's products, resolved for this machine and model."""
+
+    dtype: Dtype
+    device: str = "cpu"
+
+    @classmethod
+    def resolve(cls, setting: DtypeSetting, model_dir: str | Path, device: str = "cpu"
+                ) -> Precision:
+        config = Path(model_dir) / "config.json"
+        hidden = json.loads(config.read_text()).get("hidden_size", 0) if config.is_file() else 0
+        return cls(resolve_dtype(setting, hidden_size=int(hidden), device=device), device)
+
+    @contextlib.contextmanager
+    def compute(self) -> Iterator[None]:
+        """Forward (and the backward of what it builds) in this precision."""
+        device_type = torch.device(self.device).type
+        with torch.autocast(device_type, dtype=torch.bfloat16,
+                            enabled=self.dtype == "bfloat16"):
+            yield
+
+
+def load_policy(path: str | Path, device: str = "cpu") -> nn.Module:
+    """The float32 causal LM of checkpoint `path` on `device`."""
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
@@ -27,7 +58,7 @@ def load_policy(path: str | Path, device: str = "cpu", dtype: str = "float32") -
             f"{path} is not a Hugging Face checkpoint (no config.json); create "
             f"the tiny model with `stalewise model init-tiny {path}`"
         )
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     return model.to(device)
 
 
@@ -60,11 +91,11 @@ class ValueModel(nn.Module):
     forward returns values (B, T-1) in the shifted space: entry j is V(state before token j+1).
     """
 
-    def __init__(self, path: str | Path, dtype: str = "float32") -> None:
+    def __init__(self, path: str | Path) -> None:
         super().__init__()
         from transformers import AutoModel
 
-        self.trunk = AutoModel.from_pretrained(str(path), dtype=DTYPES[dtype])
+        self.trunk = AutoModel.from_pretrained(str(path), dtype=torch.float32)
         hidden = self.trunk.config.hidden_size
         self.head = nn.Linear(hidden, 1)
         nn.init.zeros_(self.head.weight)

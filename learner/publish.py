@@ -59,22 +59,18 @@ def tokenizer_files(directory: str | Path) -> list[Path]:
     )
 
 
-def machine_numerics() -> dict[str, Any]:
-    """What decides how this process rounds float32: torch's version, the CPU kernels it
-    dispatches to (AVX2, AVX512, ...), its thread count and the CPU. Two machines that differ in
-    any of them can take another SFT path from the same seed (docs/pipeline.md has one), so
-    a checkpoint records them next to its figures."""
-    import platform
-
+def machine_numerics(dtype: str = "float32") -> dict[str, Any]:
+    """What decides how this process rounds: torch's version, the CPU kernels it dispatches to
+    (AVX2, AVX512, ...), its thread count, the CPU and its bfloat16 instructions, and the dtype
+    of the products (`dtype`, resolved). Two machines that differ in any of them can take
+    another SFT path from the same seed (docs/pipeline.md has one), so a checkpoint records
+    them next to its figures."""
     import torch
 
-    cpu = platform.processor()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                    if line.startswith("model name")), cpu)
+    from core.numerics import cpu_facts
+
     return {"torch": torch.__version__, "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
-            "torch_threads": torch.get_num_threads(), "cpu": cpu or "unknown"}
+            "torch_threads": torch.get_num_threads(), "dtype": dtype, **cpu_facts()}
 
 
 def write_checkpoint(

@@ -76,7 +76,7 @@ def _loss_token_sums(learner: Learner, samples: Sequence[TrainingSample],
     batch = collate(samples, learner.pad_id, learner.device)
     sums: list[float] = []
     learner.policy.eval()
-    with torch.no_grad():
+    with torch.no_grad(), learner.precision.compute():
         for start in range(0, batch.size, micro_batch_size):
             sub = batch.rows(start, min(start + micro_batch_size, batch.size))
             out = policy_outputs(learner.policy, sub.input_ids_B_T, sub.attention_mask_B_T)
@@ -100,7 +100,8 @@ def sft_step(
     loss_value = 0.0
     for start in range(0, batch.size, sft.micro_batch_size):
         sub = batch.rows(start, min(start + sft.micro_batch_size, batch.size))
-        out = policy_outputs(learner.policy, sub.input_ids_B_T, sub.attention_mask_B_T)
+        with learner.precision.compute():
+            out = policy_outputs(learner.policy, sub.input_ids_B_T, sub.attention_mask_B_T)
         loss = aggregate(-out.logprobs_B_Tm1, sub.loss_mask_B_Tm1, "token_mean",
                          denominator=denominator)
         loss.backward()

@@ -66,7 +66,7 @@ from learner.losses import (
     token_entropy,
 )
 from learner.metrics import MetricsSink, StepReport
-from learner.model import ValueModel, load_policy, policy_outputs
+from learner.model import Precision, ValueModel, load_policy, policy_outputs
 from learner.publish import MarkPublished, publish_version
 from learner.tensors import PaddedBatch, collate
 
@@ -166,7 +166,8 @@ class Learner:
         self.tokenizer = load_tokenizer(model_dir)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
-        self.policy = load_policy(model_dir, cfg.device, cfg.dtype)
+        self.precision = Precision.resolve(cfg.dtype, model_dir, cfg.device)
+        self.policy = load_policy(model_dir, cfg.device)
         opt = cfg.optimizer
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(),
@@ -180,11 +181,11 @@ class Learner:
         self.train_policy: torch.nn.Module = self._data_parallel(self.policy)
         self.reference: torch.nn.Module | None = None
         if cfg.loss.kl_coef > 0:
-            self.reference = load_policy(cfg.reference_model or model_dir, cfg.device, cfg.dtype)
+            self.reference = load_policy(cfg.reference_model or model_dir, cfg.device)
             self.reference.eval().requires_grad_(False)
         self.critic: ValueModel | None = None
         if cfg.advantage.estimator == "gae":
-            self.critic = ValueModel(model_dir, cfg.dtype).to(self.device)
+            self.critic = ValueModel(model_dir).to(self.device)
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic.lr)
         self.train_critic = None if self.critic is None else self._data_parallel(self.critic)
         self.publish_root = Path(publish_root) if publish_root is not None else None
@@ -408,11 +409,12 @@ class Learner:
         for start in range(0, batch.size, mb):
             rows = slice(start, start + mb)
             ids, attn = batch.input_ids_B_T[rows], batch.attention_mask_B_T[rows]
-            proximal.append(policy_outputs(self.policy, ids, attn).logprobs_B_Tm1)
-            if self.reference is not None:
-                reference.append(policy_outputs(self.reference, ids, attn).logprobs_B_Tm1)
-            if self.critic is not None:
-                values.append(self.critic(ids, attn).float())
+            with self.precision.compute():
+                proximal.append(policy_outputs(self.policy, ids, attn).logprobs_B_Tm1)
+                if self.reference is not None:
+                    reference.append(policy_outputs(self.reference, ids, attn).logprobs_B_Tm1)
+                if self.critic is not None:
+                    values.append(self.critic(ids, attn).float())
         self.policy.train()
         cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
         old_values = cat(values)
@@ -494,7 +496,7 @@ class Learner:
             current = step.proximal_logprobs_B_Tm1[rows]
             if loss_cfg.ratio_base == "current" and not first_update:
                 sub = batch.rows(rows.start, rows.stop)
-                with torch.no_grad():
+                with torch.no_grad(), self.precision.compute():
                     current = policy_outputs(
                         self.policy, sub.input_ids_B_T, sub.attention_mask_B_T
                     ).logprobs_B_Tm1
@@ -532,7 +534,8 @@ class Learner:
         cfg = self.cfg
         sub = step.batch.rows(rows.start, rows.stop)
         length = sub.loss_mask_B_Tm1.shape[1]
-        out = policy_outputs(self.train_policy, sub.input_ids_B_T, sub.attention_mask_B_T)
+        with self.precision.compute():
+            out = policy_outputs(self.train_policy, sub.input_ids_B_T, sub.attention_mask_B_T)
         advantages = step.advantages_of(rows, length)
         loss_out = policy_loss(
             PolicyLossInputs(
@@ -579,7 +582,8 @@ class Learner:
         assert self.train_critic is not None
         assert step.old_values_B_Tm1 is not None and step.returns_B_Tm1 is not None
         length = sub.loss_mask_B_Tm1.shape[1]
-        values = self.train_critic(sub.input_ids_B_T, sub.attention_mask_B_T)
+        with self.precision.compute():
+            values = self.train_critic(sub.input_ids_B_T, sub.attention_mask_B_T)
         old_values = _cut(step.old_values_B_Tm1, rows, length)
         returns = _cut(step.returns_B_Tm1, rows, length)
         error = (values - returns) ** 2

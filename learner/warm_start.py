@@ -195,7 +195,7 @@ def warm_start(model: Path, out: Path, cfg: LearnerConfig, *, suite: Suite | Non
     facts = {
         "sft_steps": tried[result.kept_try or 0]["steps"],
         "loss_before": result.loss_before, "loss_after": result.loss_after,
-        "stages": stages, "numerics": machine_numerics(), "seed": cfg.sft.seed,
+        "stages": stages, "numerics": machine_numerics(learner.precision.dtype), "seed": cfg.sft.seed,
         **({"select_scores": result.scores, "kept_step": result.kept_step}
            if result.kept_step is not None else {}),
         **({"tries": [{"settings": settings, "scores": scores} for settings, scores in

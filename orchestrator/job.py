@@ -31,6 +31,7 @@ from config.learner import WarmStartJob
 from core.children import Child, python_command
 from core.evaluation import Evaluation, failure_changes, gain_figures, latest_by_label
 from core.log import bind_run, configure_logging, get_logger
+from core.numerics import cpu_facts, resolve_dtype
 from core.store import audit
 from core.store.outage import Outage, first_line
 from core.store.store import Store
@@ -112,6 +113,20 @@ def warm_start_facts(sft_dir: Path) -> dict:
     facts = {key: done[key] for key in ("sft_steps", "loss_after", "kept_step", "kept_try",
                                         "validation_demo_probability") if key in done}
     return {**facts, **done.get("numerics", {})}
+
+
+def run_numerics(job: JobConfig, model_dir: Path) -> dict:
+    """The dtypes the engine and the learner resolve on this machine for this model (the
+    children resolve them with the same rule, `core.numerics`), and the CPU. An engine this job
+    does not start (vLLM, `url`, `urls`) says its own in its logs: recorded as None."""
+    config = json.loads((model_dir / "config.json").read_text())
+    hidden = int(config.get("hidden_size", 0))
+    started_here = job.engine.kind == "embedded" and job.engine.url is None and not job.engine.urls
+    return {"engine_dtype": resolve_dtype(job.engine.dtype, hidden_size=hidden)
+            if started_here else None,
+            "learner_dtype": resolve_dtype(job.learner.dtype, hidden_size=hidden,
+                                           device=job.learner.device),
+            **cpu_facts()}
 
 
 def learner_argv(job: JobConfig, run_id: str, model_dir: Path, run_dir: Path) -> list[str]:
@@ -360,6 +375,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
         "rollout_dynamics": rollout_dynamics(store, run_id),
         "evaluations": [r.as_dict() for r in results],
         "held_out": family.held_out,
+        "numerics": run_numerics(job, model_dir),
         "report": str(run_dir / "report.md"), "db": store.url,
     }
     if pools.hosts is not None:
@@ -420,6 +436,11 @@ def print_summary(summary: dict, results: list[Evaluation], job: JobConfig) -> N
                      + f"; torch {warm.get('torch', '?')}, {warm.get('cpu_kernels', '?')} "
                      f"kernels, {warm.get('torch_threads', '?')} threads (the SFT path depends "
                      "on them)")
+    numerics = summary["numerics"]
+    lines.append(f"  numerics: engine {numerics['engine_dtype'] or 'its own dtype'}, learner "
+                 f"{numerics['learner_dtype']} products (float32 weights); CPU "
+                 f"{numerics['cpu']}, bfloat16 instructions: "
+                 f"{', '.join(numerics['cpu_bf16']) or 'none'}")
     dynamics = summary["rollout_dynamics"]
     lines.append(f"  rollouts: {dynamics['multi_version_fraction']} of trajectories span >1 "
                  f"weights version, KV lag mean {dynamics['mean_kv_lag']} max "

@@ -12,7 +12,7 @@ from config.job import parse_config
 from orchestrator.engines.launch import start_engine
 
 NOT_DEFAULT = EngineServerConfig(max_batch=5, session_cache_mb=3.5, max_resident_versions=2,
-                                 max_model_len=96, max_prefill_tokens=77, threads=2,
+                                 max_model_len=96, max_prefill_tokens=77, threads=2, dtype="bfloat16",
                                  served_model_name="cfg-check", log_level="error")
 
 

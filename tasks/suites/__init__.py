@@ -1,1 +1,1 @@
-"""Built-in task suites: `arith`, `codefix`, `longhaul`, `vault` (entry points in group stalewise.tasks)."""
+"""Built-in task suites: `arith`, `codefix`, `longhaul`, `story`, `vault` (entry points in group stalewise.tasks)."""

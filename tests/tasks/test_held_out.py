@@ -35,7 +35,8 @@ def test_the_three_splits_of_every_built_in_family_share_no_identity(name):
 
 
 @pytest.mark.parametrize("name, options", [("arith", {"max_ops": 2, "max_value": 9}),
-                                           ("vault", {"depths": [6, 8]})])
+                                           ("vault", {"depths": [6, 8]}),
+                                           ("story", {"max_value": 20})])
 def test_the_shipped_tasks_have_a_test_pool_of_at_least_a_thousand_distinct_instances(
         name, options):
     family = load_family(name, options)

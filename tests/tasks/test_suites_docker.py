@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "my_task.py")
 FAMILIES = {
     "arith": ("arith", {}),
+    "story": ("story", {}),
     "codefix": ("codefix", {}),
     "longhaul": ("longhaul", {"max_k": 5, "latency_median_s": 0.005, "latency_max_s": 0.05}),
     "longhaul-sandbox-latency": ("longhaul", {"min_k": 2, "max_k": 3, "latency_in": "sandbox",

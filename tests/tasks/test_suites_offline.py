@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from tasks.suites import arith, codefix, longhaul, vault
+from tasks.suites import arith, codefix, longhaul, story, vault
 from tasks.suites.codefix_bugs import BUGS, run
 
 
@@ -146,3 +146,29 @@ def test_arith_and_vault_name_the_failure_mode_of_an_unsolved_transcript():
     assert walls.failure_mode(walk, talk(go, ("tool", "gold 0000"),
                                          ("assistant", "<answer>1</answer>"))
                               ) == "wrong answer after the gold"
+
+
+def test_story_prompts_hide_the_expression_and_the_value_is_its_result():
+    from tasks.messages import ChatMessage
+
+    family = story.family(max_value=20)
+    shapes = set()
+    for index in range(300):
+        task = family.instance(index, "train")
+        text, expression = task.prompt[0].content, task.data["expression"]
+        assert expression not in text and text.endswith("Use python.")
+        assert task.data["value"] == int(eval(expression, {"__builtins__": {}}, {})) >= 0
+        shapes.add(task.difficulty)
+    assert shapes == {f"shape={k}" for k in range(len(story.SHAPES))}
+    right = family.demonstrations(4, start=300)
+    wrong = family.demonstrations(4, start=300, wrong_fraction=1.0)
+    for good, bad in zip(right, wrong):
+        assert good.assistant_texts[-1] == f"<answer>{good.task.data['value']}</answer>"
+        assert bad.assistant_texts[-1] != good.assistant_texts[-1]
+    task = family.instance(0, "test")
+    value = str(task.data["value"])
+    call = ChatMessage("assistant", "<tool_call>...</tool_call>")
+    assert family.failure_mode(task, [call, ChatMessage("tool", value + "1")]
+                               ) == "the code computes another quantity"
+    assert family.failure_mode(task, [ChatMessage("assistant", "<answer>1</answer>")]
+                               ) == "no tool call"

@@ -1,8 +1,12 @@
-.PHONY: setup setup-all demo demo-long test test-fast bench clean lock
+.PHONY: setup setup-real setup-all demo demo-long demo-real test test-fast bench clean lock
 
 # What the demos need: .venv, a Docker engine, the sandbox base image.
 setup:
 	bash scripts/setup.sh
+
+# What demo-real needs as well: the GGUF reader and SmolLM2-135M-Instruct in var/models.
+setup-real:
+	bash scripts/setup.sh --real
 
 # Everything the tests need as well: chat fixtures, Chromium, SmolLM2, .venv-vllm, the MCP SDK.
 setup-all:
@@ -18,6 +22,11 @@ demo: setup
 # `make demo-long SEED=1` runs it with another seed.
 demo-long: setup
 	.venv/bin/stalewise run configs/long.toml --set run.seed=$(SEED)
+
+# A real model: SmolLM2-135M-Instruct, a short SFT warm start on `story` word problems, RL in
+# inflight mode, bfloat16 where the CPU has bfloat16 instructions (in progress, issue 30).
+demo-real: setup-real
+	.venv/bin/stalewise run configs/demo-real.toml --set run.seed=$(SEED)
 
 test: setup-all
 	bash scripts/ensure_postgres.sh

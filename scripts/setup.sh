@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Set-up for `make demo` (no argument) and `make test` (`--all`), idempotent and fast on a
-# second run: a virtualenv in .venv with the project installed (CPU torch where there is no GPU),
-# a Docker engine answering `docker info`, and the sandbox base image. `--all` adds what only the
-# tests and the real-model configs use: the MCP SDK folder, chat-template fixtures, Chromium,
-# SmolLM2 (var/models) and .venv-vllm.
+# Set-up for `make demo` (no argument), `make demo-real` (`--real`) and `make test` (`--all`),
+# idempotent and fast on a second run: a virtualenv in .venv with the project installed (CPU
+# torch where there is no GPU), a Docker engine answering `docker info`, and the sandbox base
+# image. `--real` adds the GGUF reader and SmolLM2 (var/models); `--all` adds what the tests use
+# as well: the MCP SDK folder, chat-template fixtures, Chromium and .venv-vllm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-  ""|--all) ;;
-  *) echo "setup: unknown argument $1 (none: what make demo needs; --all: what make test needs)" >&2
+  ""|--all|--real) ;;
+  *) echo "setup: unknown argument $1 (none: what make demo needs; --real: what make demo-real" \
+          "needs; --all: what make test needs)" >&2
      exit 2 ;;
 esac
 PY="${PYTHON:-python3}"
@@ -17,8 +18,12 @@ VENV=.venv
 # tools), which take most of the install time. Each level has its own stamp.
 if [ "${1:-}" = "--all" ]; then
   TARGET=".[test,gguf,ray]" STAMP="$VENV/.stalewise-installed-all"
+elif [ "${1:-}" = "--real" ]; then
+  TARGET=".[gguf]" STAMP="$VENV/.stalewise-installed-real"
+  [ -f "$VENV/.stalewise-installed-all" ] && STAMP="$VENV/.stalewise-installed-all"
 else
   TARGET="." STAMP="$VENV/.stalewise-installed"
+  [ -f "$VENV/.stalewise-installed-real" ] && STAMP="$VENV/.stalewise-installed-real"
   [ -f "$VENV/.stalewise-installed-all" ] && STAMP="$VENV/.stalewise-installed-all"
 fi
 
@@ -51,6 +56,8 @@ if [ "${1:-}" = "--all" ]; then
   bash scripts/setup_browser.sh
   bash scripts/fetch_models.sh "$VENV/bin/python"
   bash scripts/setup_vllm.sh  # .venv-vllm: vLLM for the `vllm` tests (STALEWISE_SKIP_VLLM=1 skips)
+elif [ "${1:-}" = "--real" ]; then
+  bash scripts/fetch_models.sh "$VENV/bin/python"
 fi
 
 if [ "${STALEWISE_SKIP_DOCKER:-0}" != "1" ]; then

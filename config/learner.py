@@ -333,6 +333,11 @@ class LearnerConfig(_Strict):
         "weights, gradients and optimizer state stay float32. 'auto': bfloat16 on CUDA and on a "
         "CPU with bfloat16 instructions for a model at least 512 wide, else float32 "
         "(core.numerics)")
+    gap_probe: bool = Field(
+        False, description="each step, measure the sampler/trainer log-prob gap of the lag-0 "
+        "tokens (sampled with the weights being trained) under float32 and under bfloat16 "
+        "products: metrics numerics/gap_<dtype>_mean|p99|max (one extra no-grad forward, in "
+        "the precision the learner does not train in)")
     seed: int = Field(0, description="torch's seed in the learner; in a job, run.seed unless "
                       "set here")
     record_trainer_logprobs: bool = Field(

@@ -288,6 +288,7 @@ class Learner:
         step = self._step_tensors(batch, rewards.to(self.device), baseline_peers)
         t_proximal = time.perf_counter() - t0
         self._observe_logprobs(kept[:len(kept) - placeholders], step.proximal_logprobs_B_Tm1)
+        gaps = self._precision_gaps(step) if self.cfg.gap_probe else {}
 
         t0 = time.perf_counter()
         totals = _MetricMean()
@@ -305,6 +306,7 @@ class Learner:
             **totals.result(),
             **extra,
             **self._step_metrics(step, step_losses, grad_norms),
+            **gaps,
             "time/proximal_s": t_proximal,
             "time/update_s": t_update,
             "perf/tokens_per_s": self.cfg.epochs
@@ -612,6 +614,33 @@ class Learner:
             )
             self.critic_optimizer.step()
         return float(norm)
+
+    @torch.no_grad()
+    def _precision_gaps(self, step: StepTensors) -> dict[str, float]:
+        """|trainer - sampler| log-prob over the lag-0 loss tokens (sampled with the weights of
+        this step), under the learner's own precision (the proximal pass) and the other one."""
+        batch = step.batch
+        lag0 = batch.loss_mask_B_Tm1 & (batch.weights_versions_B_Tm1 == self.version)
+        if not bool(lag0.any()):
+            return {}
+        other = Precision("float32" if self.precision.dtype == "bfloat16" else "bfloat16",
+                          self.precision.device)
+        recomputed = []
+        self.policy.eval()
+        for start in range(0, batch.size, self.cfg.micro_batch_size):
+            rows = slice(start, start + self.cfg.micro_batch_size)
+            with other.compute():
+                recomputed.append(policy_outputs(self.policy, batch.input_ids_B_T[rows],
+                                                 batch.attention_mask_B_T[rows]).logprobs_B_Tm1)
+        self.policy.train()
+        metrics = {"numerics/gap_tokens": float(lag0.sum())}
+        for dtype, logprobs in ((self.precision.dtype, step.proximal_logprobs_B_Tm1),
+                                (other.dtype, torch.cat(recomputed))):
+            gap = (logprobs - batch.sampler_logprobs_B_Tm1)[lag0].abs().float()
+            metrics[f"numerics/gap_{dtype}_mean"] = gap.mean().item()
+            metrics[f"numerics/gap_{dtype}_p99"] = torch.quantile(gap, 0.99).item()
+            metrics[f"numerics/gap_{dtype}_max"] = gap.max().item()
+        return metrics
 
     # ------------------------------------------------------------------ bookkeeping
     def _step_metrics(self, step: StepTensors, step_losses: list[dict[str, float]],

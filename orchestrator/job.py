@@ -129,6 +129,25 @@ def run_numerics(job: JobConfig, model_dir: Path) -> dict:
             **cpu_facts()}
 
 
+def precision_gaps(store: Store, run_id: str) -> dict:
+    """The sampler/trainer log-prob gaps the learner's `gap_probe` measured, over all steps:
+    per dtype, the token-weighted mean, the largest step p99 and the largest gap; {} without
+    the probe."""
+    steps = [r.metrics for r in store.learner_steps(run_id)
+             if r.metrics and r.metrics.get("numerics/gap_tokens")]
+    if not steps:
+        return {}
+    tokens = sum(m["numerics/gap_tokens"] for m in steps)
+    gaps = {}
+    for dtype in ("float32", "bfloat16"):
+        key = f"numerics/gap_{dtype}"
+        gaps[dtype] = {name: float(f"{value:.4g}") for name, value in (
+            ("mean", sum(m[f"{key}_mean"] * m["numerics/gap_tokens"] for m in steps) / tokens),
+            ("p99", max(m[f"{key}_p99"] for m in steps)),
+            ("max", max(m[f"{key}_max"] for m in steps)))}
+    return {"sampler_trainer_gap": {"tokens": int(tokens), **gaps}}
+
+
 def learner_argv(job: JobConfig, run_id: str, model_dir: Path, run_dir: Path) -> list[str]:
     return ["-m", "learner", "serve", "--db", job.run.db_url, "--run", run_id,
             "--config", str(write_child_config(run_dir, "learner", job.learner)),
@@ -375,7 +394,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
         "rollout_dynamics": rollout_dynamics(store, run_id),
         "evaluations": [r.as_dict() for r in results],
         "held_out": family.held_out,
-        "numerics": run_numerics(job, model_dir),
+        "numerics": {**run_numerics(job, model_dir), **precision_gaps(store, run_id)},
         "report": str(run_dir / "report.md"), "db": store.url,
     }
     if pools.hosts is not None:
@@ -441,6 +460,13 @@ def print_summary(summary: dict, results: list[Evaluation], job: JobConfig) -> N
                  f"{numerics['learner_dtype']} products (float32 weights); CPU "
                  f"{numerics['cpu']}, bfloat16 instructions: "
                  f"{', '.join(numerics['cpu_bf16']) or 'none'}")
+    if "sampler_trainer_gap" in numerics:
+        gap = numerics["sampler_trainer_gap"]
+        lines.append(f"  sampler/trainer log-prob gap per token, {gap['tokens']} lag-0 tokens "
+                     f"(engine {numerics['engine_dtype'] or '?'}): "
+                     + "; ".join(f"{dtype} trainer mean {gap[dtype]['mean']:.2g}, p99 "
+                                 f"{gap[dtype]['p99']:.2g}, max {gap[dtype]['max']:.2g}"
+                                 for dtype in ("float32", "bfloat16")))
     dynamics = summary["rollout_dynamics"]
     lines.append(f"  rollouts: {dynamics['multi_version_fraction']} of trajectories span >1 "
                  f"weights version, KV lag mean {dynamics['mean_kv_lag']} max "

@@ -264,3 +264,19 @@ def test_bfloat16_products_keep_float32_weights_gradients_and_optimizer_state(ti
 
 def test_auto_keeps_a_narrow_model_in_float32(tiny):
     assert Learner(tiny, _config()).precision.dtype == "float32"  # 64 wide: bfloat16 would not pay
+
+
+def test_the_gap_probe_measures_both_precisions_on_lag_zero_tokens(tiny, rl_samples):
+    """`gap_probe`: the sampled tokens (sampled by the float32 model the learner starts from,
+    so lag 0 and float32 on both sides) are recomputed in float32 and in bfloat16: the float32
+    gap is rounding, the bfloat16 one is bfloat16's."""
+    learner = Learner(tiny, _config(gap_probe=True))
+    metrics = learner.rl_step(rl_samples).metrics
+    assert metrics["numerics/gap_tokens"] == metrics["learner/loss_tokens"]
+    assert metrics["numerics/gap_float32_max"] < 1e-3
+    assert metrics["numerics/gap_bfloat16_max"] > 10 * metrics["numerics/gap_float32_max"]
+    for dtype in ("float32", "bfloat16"):
+        mean, p99, top = (metrics[f"numerics/gap_{dtype}_{k}"] for k in ("mean", "p99", "max"))
+        assert 0 <= mean <= p99 <= top
+    assert not any(k.startswith("numerics/") for k in Learner(tiny, _config()).rl_step(
+        rl_samples).metrics)

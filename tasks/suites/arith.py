@@ -21,10 +21,10 @@ from typing import Any
 
 from tasks.api import SplitShares, TaskFamily, TaskInstance, draw_in_split
 from tasks.builtin_tools import python
-from tasks.chat.parsing import extract_answer
 from tasks.demos import Demonstration, DemoTurn
 from tasks.messages import ChatMessage
-from tasks.suites.common import answer_text, call_text, instance_rng, sandbox_spec, task_limits
+from tasks.suites.common import (answer_text, call_text, computed_answer_failure, exact_answer,
+                                 instance_rng, sandbox_spec, task_limits, used_python)
 from tasks.verify import Component, Rubric, VerifyContext
 
 NAME = "arith"
@@ -59,31 +59,13 @@ def evaluate(text: str) -> int:
     return int(eval(text, {"__builtins__": {}}, {}))
 
 
-def exact_answer(ctx: VerifyContext) -> float:
-    expected = str(ctx.task.data["value"])
-    return 1.0 if ctx.answer is not None and ctx.answer.strip() == expected else 0.0
-
-
-def used_python(ctx: VerifyContext) -> float:
-    return 1.0 if ctx.tool_calls > 0 else 0.0
-
-
 def gave_answer(ctx: VerifyContext) -> float:
     return 0.0 if ctx.answer is None else 1.0
 
 
 def diagnose(task: TaskInstance, messages: Sequence[ChatMessage]) -> str:
     """The failure mode of an unsolved arith trajectory."""
-    value = str(task.data["value"])
-    outputs = [m.content.strip() for m in messages if m.role == "tool"]
-    final = next((m.content for m in reversed(messages) if m.role == "assistant"), "")
-    if not outputs:
-        return "no tool call"
-    if value not in outputs:
-        return "tool code does not compute the expression"
-    if extract_answer(final) is None:
-        return "no answer after the right tool output"
-    return "wrong answer after the right tool output"
+    return computed_answer_failure(task, messages, wrong_output="tool code does not compute the expression")
 
 
 VERIFIER = Rubric(Component("exact", exact_answer, 1.0),

@@ -138,16 +138,15 @@ def vllm_side_by_side(args: argparse.Namespace, sessions: list[int]) -> None:
     import torch
 
     from config.engine import EngineServerConfig
-    from core.numerics import resolve_dtype
+    from core.numerics import model_width, resolve_dtype
     from engine.checkpoint import load_model
     from orchestrator.engines.launch import start_engine, start_vllm
 
     if args.model is None:
         sys.exit("--backend vllm needs --model DIR (a checkpoint vLLM can load, e.g. "
                  "var/models/smollm2-135m)")
-    model_config = json.loads((args.model / "config.json").read_text())
-    vocab = model_config["vocab_size"]
-    dtype = resolve_dtype(args.dtype, hidden_size=model_config["hidden_size"])
+    vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
+    dtype = resolve_dtype(args.dtype, hidden_size=model_width(args.model))
     rates: dict[str, dict[int, list[float]]] = {}
     starts: dict[str, float] = {}
 

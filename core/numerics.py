@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -49,6 +50,12 @@ def cpu_bf16_instructions() -> tuple[str, ...]:
 def cpu_facts() -> dict[str, object]:
     """The CPU's name and its bfloat16 instructions, for a run's record."""
     return {"cpu": _cpuinfo()[0], "cpu_bf16": list(cpu_bf16_instructions())}
+
+
+def model_width(model_dir: str | Path) -> int:
+    """`hidden_size` from a checkpoint's config.json (0 where there is none to read)."""
+    config = Path(model_dir) / "config.json"
+    return int(json.loads(config.read_text()).get("hidden_size", 0)) if config.is_file() else 0
 
 
 def resolve_dtype(setting: DtypeSetting, *, hidden_size: int, device: str = "cpu",

@@ -14,7 +14,6 @@ reductions and norms in float32), so gradients and optimizer state stay float32.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from core.numerics import Dtype, DtypeSetting, resolve_dtype
+from core.numerics import Dtype, DtypeSetting, model_width, resolve_dtype
 
 
 @dataclass(frozen=True)
@@ -35,9 +34,8 @@ class Precision:
     @classmethod
     def resolve(cls, setting: DtypeSetting, model_dir: str | Path, device: str = "cpu"
                 ) -> Precision:
-        config = Path(model_dir) / "config.json"
-        hidden = json.loads(config.read_text()).get("hidden_size", 0) if config.is_file() else 0
-        return cls(resolve_dtype(setting, hidden_size=int(hidden), device=device), device)
+        return cls(resolve_dtype(setting, hidden_size=model_width(model_dir), device=device),
+                   device)
 
     @contextlib.contextmanager
     def compute(self) -> Iterator[None]:

@@ -31,7 +31,7 @@ from config.learner import WarmStartJob
 from core.children import Child, python_command
 from core.evaluation import Evaluation, failure_changes, gain_figures, latest_by_label
 from core.log import bind_run, configure_logging, get_logger
-from core.numerics import cpu_facts, resolve_dtype
+from core.numerics import cpu_facts, model_width, resolve_dtype
 from core.store import audit
 from core.store.outage import Outage, first_line
 from core.store.store import Store
@@ -119,8 +119,7 @@ def run_numerics(job: JobConfig, model_dir: Path) -> dict:
     """The dtypes the engine and the learner resolve on this machine for this model (the
     children resolve them with the same rule, `core.numerics`), and the CPU. An engine this job
     does not start (vLLM, `url`, `urls`) says its own in its logs: recorded as None."""
-    config = json.loads((model_dir / "config.json").read_text())
-    hidden = int(config.get("hidden_size", 0))
+    hidden = model_width(model_dir)
     started_here = job.engine.kind == "embedded" and job.engine.url is None and not job.engine.urls
     return {"engine_dtype": resolve_dtype(job.engine.dtype, hidden_size=hidden)
             if started_here else None,

@@ -6,7 +6,9 @@ duration quartile, it counts generated and admitted trajectories, exclusions by 
 compares mean reward and duration of admitted versus excluded work. The run-level skew figures
 are total-variation distances between the generated and admitted distributions over difficulty
 buckets and over duration quartiles (0 = no selection effect, 1 = disjoint), plus the shift in
-mean reward and the share of generation compute spent on excluded work.
+mean reward and the share of generation compute spent on excluded work. With `[admission]
+reweight = "propensity"` the same two TVs are also given for the admitted mix weighted by each
+trajectory's selection weight (`core.selection`): what the learner's loss sees.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from statistics import fmean
 from typing import Iterable, Sequence
+
+from core.selection import quartile, quartile_cuts, weighted_tv
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class Generated:
     sampled_tokens: int
     admitted: bool  # reached the learner's loss (masked members are not admitted)
     reason: str  # the final decision's reason, or "undecided"
+    weight: float = 1.0  # selection weight of an admitted trajectory (core.selection)
 
 
 @dataclass
@@ -52,31 +57,15 @@ class Skew:
     generated: int
     admitted: int
     excluded_token_share: float  # sampled tokens of excluded work / all sampled tokens
+    # the same TVs for the admitted mix weighted by the selection weights (= the above when
+    # every weight is 1)
+    weighted_difficulty_tv: float = 0.0
+    weighted_duration_tv: float = 0.0
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
     values = [v for v in values if v is not None]
     return fmean(values) if values else None
-
-
-def total_variation(p: Counter, q: Counter) -> float:
-    """TV distance between two empirical distributions given as counts (0 if either is empty)."""
-    np_, nq = sum(p.values()), sum(q.values())
-    if not np_ or not nq:
-        return 0.0
-    return 0.5 * sum(abs(p[k] / np_ - q[k] / nq) for k in set(p) | set(q))
-
-
-def duration_quartiles(durations: Sequence[float]) -> list[float]:
-    """The three cut points splitting durations into four equally populated bins."""
-    ordered = sorted(durations)
-    if not ordered:
-        return []
-    return [ordered[min(len(ordered) - 1, int(len(ordered) * q))] for q in (0.25, 0.5, 0.75)]
-
-
-def quartile_of(duration: float, cuts: Sequence[float]) -> int:
-    return sum(duration > c for c in cuts)
 
 
 def _row(family: str, difficulty: str, quantile: int | None,
@@ -99,20 +88,27 @@ def build_ledger(items: Sequence[Generated]) -> tuple[list[LedgerRow], Skew]:
         by_bucket[(g.family, g.difficulty)].append(g)
     rows = [_row(f, d, None, group) for (f, d), group in sorted(by_bucket.items())]
 
-    cuts = duration_quartiles([g.duration_s for g in items])
+    cuts = quartile_cuts([g.duration_s for g in items])
     by_quartile: dict[tuple[str, int], list[Generated]] = defaultdict(list)
     for g in items:
-        by_quartile[(g.family, quartile_of(g.duration_s, cuts))].append(g)
+        by_quartile[(g.family, quartile(g.duration_s, cuts))].append(g)
     rows += [_row(f, "*", q, group) for (f, q), group in sorted(by_quartile.items())]
 
     admitted = [g for g in items if g.admitted]
     total_tokens = sum(g.sampled_tokens for g in items)
     mean_generated, mean_admitted = _mean(g.reward for g in items), _mean(g.reward for g in admitted)
+    def tasks(gs: Sequence[Generated]) -> list[tuple[str, str]]:
+        return [(g.family, g.difficulty) for g in gs]
+
+    def quartiles(gs: Sequence[Generated]) -> list[int]:
+        return [quartile(g.duration_s, cuts) for g in gs]
+
+    weights = [g.weight for g in admitted]
     skew = Skew(
-        difficulty_tv=total_variation(Counter((g.family, g.difficulty) for g in items),
-                                      Counter((g.family, g.difficulty) for g in admitted)),
-        duration_tv=total_variation(Counter(quartile_of(g.duration_s, cuts) for g in items),
-                                    Counter(quartile_of(g.duration_s, cuts) for g in admitted)),
+        difficulty_tv=weighted_tv(tasks(items), tasks(admitted)),
+        duration_tv=weighted_tv(quartiles(items), quartiles(admitted)),
+        weighted_difficulty_tv=weighted_tv(tasks(items), tasks(admitted), weights),
+        weighted_duration_tv=weighted_tv(quartiles(items), quartiles(admitted), weights),
         reward_shift=None if mean_generated is None or mean_admitted is None
         else mean_admitted - mean_generated,
         generated=len(items), admitted=len(admitted),

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections import Counter
 
 import pytest
 
-from orchestrator.ledger import Generated, build_ledger, total_variation
+from core.selection import weighted_tv
+from orchestrator.ledger import Generated, build_ledger
 
 
-def g(difficulty, duration, reward, admitted, reason="fresh", tokens=10, family="arith"):
-    return Generated(family, difficulty, duration, reward, tokens, admitted,
-                     reason if admitted else reason)
+def g(difficulty, duration, reward, admitted, reason="fresh", tokens=10, family="arith",
+      weight=1.0):
+    return Generated(family, difficulty, duration, reward, tokens, admitted, reason, weight)
 
 
 def test_no_selection_means_no_skew():
@@ -46,6 +46,19 @@ def test_dropping_slow_hard_work_is_measured():
 
 
 def test_total_variation():
-    assert total_variation(Counter(a=1, b=1), Counter(a=1)) == pytest.approx(0.5)
-    assert total_variation(Counter(a=3), Counter(b=2)) == 1.0
-    assert total_variation(Counter(), Counter(a=1)) == 0.0
+    assert weighted_tv(["a", "b"], ["a"]) == pytest.approx(0.5)
+    assert weighted_tv(["a"] * 3, ["b"] * 2) == 1.0
+    assert weighted_tv([], ["a"]) == 0.0
+
+
+def test_selection_weights_give_the_weighted_skew():
+    """The hard task admitted 1 in 4 and weighted 4x: the weighted mix is the generated one."""
+    items = ([g("easy", 1.0, 1.0, True, weight=0.7) for _ in range(6)]
+             + [g("hard", 50.0, 0.0, False, "stale_drop") for _ in range(3)]
+             + [g("hard", 50.0, 1.0, True, weight=2.8)])
+    _, skew = build_ledger(items)
+    assert skew.difficulty_tv == pytest.approx(abs(6 / 10 - 6 / 7))
+    # weighted admitted: easy 6 x 0.7 = 4.2, hard 2.8: shares 0.6 / 0.4 as generated
+    assert skew.weighted_difficulty_tv == pytest.approx(0.0, abs=1e-12)
+    unweighted = build_ledger([g("easy", 1.0, 1.0, True), g("hard", 9.0, 0.0, False)])[1]
+    assert unweighted.weighted_difficulty_tv == unweighted.difficulty_tv == 0.5

@@ -2,8 +2,9 @@
 
     stalewise lab estimators CONFIG [--quick] [--json OUT] [--out-dir DIR]
     stalewise lab learning CONFIG [--quick] [--json OUT] [--out-dir DIR]
+    stalewise lab selection CONFIG [--quick] [--json OUT] [--out-dir DIR]
 
-Both print a table and write JSON and PNG plots (default directory: the config's
+Each prints a table and writes JSON (the first two also PNG plots) (default directory: the config's
 `output_dir`). A bad config exits with status 2 and one line per problem.
 """
 
@@ -74,3 +75,17 @@ def learning(config: Path = CONFIG_ARG, quick: bool = QUICK_OPT,
     written = [write_json(learning_data(report), json_out or directory / "learning.json")]
     written += plot_learning(report, directory)
     typer.echo("wrote " + ", ".join(str(p) for p in written))
+
+
+@app.command("selection")
+def selection(config: Path = CONFIG_ARG, quick: bool = QUICK_OPT,
+              json_out: Path | None = JSON_OPT, out_dir: Path | None = OUT_OPT) -> None:
+    """Admission's selection bias against the exact gradient: none, propensity, pacing."""
+    cfg = _load(config, quick)
+    from lab.report import render, selection_table, write_json
+    from lab.selection import run_selection_lab
+
+    directory = out_dir or Path(cfg.output_dir)
+    rows = run_selection_lab(cfg, progress=_progress)
+    typer.echo(render(selection_table(rows)))
+    typer.echo("wrote " + str(write_json(rows, json_out or directory / "selection.json")))

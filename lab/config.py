@@ -2,8 +2,9 @@
 
 Sections: `[policy]` (the tractable Markov policy), `[reward]`, `[durations]` (the long-tail
 duration model), `[estimators]` (the bias/variance grid; `[[estimators.mismatch]]` entries and
-`[estimators.custom.NAME]` user-defined estimators) and `[learning]` (the learning-per-compute
-simulation; `[[learning.modes]]` entries). Each of the last two has a `quick` table whose set
+`[estimators.custom.NAME]` user-defined estimators), `[learning]` (the learning-per-compute
+simulation; `[[learning.modes]]` entries) and `[selection]` (admission's selection bias and its
+corrections). Each of the last three has a `quick` table whose set
 fields replace the full run's values under `--quick`.
 
 Guarantees: unknown keys, bad choices and inconsistent values are refused with one line per
@@ -172,12 +173,60 @@ class LearningSection(_Section):
         return self
 
 
+class SelectionQuick(_Section):
+    replicates: int | None = Field(None, ge=2)
+
+
+class SelectionSection(_Section):
+    """`stalewise lab selection`: admission's selection bias and its corrections
+    (lab/selection.py)."""
+
+    horizon: int = Field(16, ge=1, le=1024)
+    estimator: str = Field("no_correction", description="preset or custom estimator whose loss "
+                                                         "is used")
+    advantage: Literal["grpo", "dr_grpo", "rloo", "raw"] = Field(
+        "raw", description="raw (no baseline) keeps the uncorrected rows free of baseline "
+                           "effects of partial groups; rloo etc. need group_size >= 2")
+    group_size: int = Field(1, ge=1)
+    batch_size: int = Field(16, ge=1, description="responses generated per estimate")
+    replicates: int = Field(2000, ge=2, description="independent estimates per row")
+    steps_per_trajectory: float = Field(
+        1.0, gt=0.0, description="learner steps during a trajectory of mean duration (the "
+                                 "step rate); higher drops more slow work")
+    max_lag: int = Field(0, ge=0, le=16, description="steps a trajectory may span and be admitted")
+    clip: float = Field(5.0, ge=1.0, description="largest propensity weight (core.selection)")
+    prior: float = Field(2.0, ge=0.0, description="pseudo-counts shrinking each bucket's "
+                                                  "admission rate toward the mean")
+    pacing_tv: float = Field(0.02, gt=0.0, lt=1.0, description="pacing's bound on the admitted "
+                                                               "mix's TV")
+    pacing_factors: list[float] = Field(
+        default_factory=lambda: [1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0],
+        min_length=1, description="learner slow-downs pacing tries, smallest first")
+    seed: int = 0
+    quick: SelectionQuick = Field(default_factory=SelectionQuick)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SelectionSection:
+        if self.batch_size % self.group_size:
+            raise ValueError(f"selection.batch_size ({self.batch_size}) must be a multiple of "
+                             f"selection.group_size ({self.group_size})")
+        if self.advantage != "raw" and self.group_size < 2:
+            raise ValueError(f"selection.advantage = {self.advantage!r} needs group_size >= 2 "
+                             "(a baseline from the other members); use advantage = \"raw\"")
+        if any(f < 1.0 for f in self.pacing_factors) or \
+                self.pacing_factors != sorted(self.pacing_factors):
+            raise ValueError(f"selection.pacing_factors must be >= 1 and ascending, got "
+                             f"{self.pacing_factors}")
+        return self
+
+
 class LabConfig(_Section):
     policy: PolicySection = Field(default_factory=PolicySection)
     reward: RewardSection = Field(default_factory=RewardSection)
     durations: DurationsSection = Field(default_factory=DurationsSection)
     estimators: EstimatorsSection = Field(default_factory=EstimatorsSection)
     learning: LearningSection = Field(default_factory=LearningSection)
+    selection: SelectionSection = Field(default_factory=SelectionSection)
     output_dir: str = Field("var/lab", description="JSON and plots are written here")
 
     @model_validator(mode="after")
@@ -194,7 +243,8 @@ class LabConfig(_Section):
         for where, names in (("estimators.presets", self.estimators.presets),
                              ("estimators.quick.presets", self.estimators.quick.presets or []),
                              ("learning.presets", self.learning.presets),
-                             ("learning.quick.presets", self.learning.quick.presets or [])):
+                             ("learning.quick.presets", self.learning.quick.presets or []),
+                             ("selection.estimator", [self.selection.estimator])):
             unknown = [n for n in names if n not in known]
             if unknown:
                 raise ValueError(f"{where}: unknown estimators {unknown}; choose from "
@@ -216,8 +266,11 @@ class LabConfig(_Section):
             est_update["mismatch"] = [m.model_copy(update={"levels": thin_levels(
                 m.levels, est.quick.max_levels)}) for m in est.mismatch]
         learn_update = {k: v for k, v in learn.quick.model_dump().items() if v is not None}
+        sel = self.selection
+        sel_update = {k: v for k, v in sel.quick.model_dump().items() if v is not None}
         return self.model_copy(update={"estimators": est.model_copy(update=est_update),
-                                       "learning": learn.model_copy(update=learn_update)})
+                                       "learning": learn.model_copy(update=learn_update),
+                                       "selection": sel.model_copy(update=sel_update)})
 
 
 def thin_levels(levels: list[float], keep: int) -> list[float]:

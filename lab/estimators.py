@@ -58,12 +58,15 @@ def advantages_for(estimator: EstimatorSpec, rewards_N: torch.Tensor,
 def estimate_gradients(spec: ChainSpec, theta_P_S_V: torch.Tensor, batch: SampledBatch,
                        rewards_N: torch.Tensor, estimator: EstimatorSpec, replicate_size: int,
                        keep_N: torch.Tensor | None = None,
+                       weights_N: torch.Tensor | None = None,
                        mode: Literal["vectorised", "loop"] = "vectorised",
                        max_chunk_elements: int = 4_000_000) -> Estimates:
     """M = N / replicate_size gradient estimates of `estimator` (see the module docstring).
 
     keep_N: rows an admission rule kept (default all); dropped rows leave their group (the
     baseline uses the kept members) and contribute no loss tokens.
+    weights_N: per-row selection weights (`core.selection`), multiplying each row's advantage
+    as the learner multiplies a trajectory's (default 1).
     """
     n = batch.size
     if n % replicate_size:
@@ -72,6 +75,8 @@ def estimate_gradients(spec: ChainSpec, theta_P_S_V: torch.Tensor, batch: Sample
     keep_N = torch.ones(n, dtype=torch.bool) if keep_N is None else keep_N
     group_ids_N = torch.where(keep_N, batch.group_ids_N, -1 - torch.arange(n))
     advantages_N = advantages_for(estimator, rewards_N, group_ids_N)
+    if weights_N is not None:
+        advantages_N = advantages_N * weights_N.double()
     mask_N_T = batch.mask_N_T & keep_N.unsqueeze(1)
     replicates = n // replicate_size
     per_chunk = max(1, max_chunk_elements // (replicate_size * spec.horizon * spec.vocab_size))

@@ -58,6 +58,16 @@ def estimator_table(rows: Sequence[dict]) -> list[list[str]]:
     return [list(TABLE_COLUMNS)] + [[_fmt(r.get(c)) for c in TABLE_COLUMNS] for r in rows]
 
 
+SELECTION_COLUMNS = ("correction", "bias", "bias_se", "bias_z", "variance", "mse", "cosine",
+                     "admitted_frac", "prompt_tv", "duration_tv", "throughput")
+
+
+def selection_table(rows: Sequence[dict]) -> list[list[str]]:
+    """Header plus one line per correction (`lab.selection`)."""
+    return [list(SELECTION_COLUMNS)] + [[_fmt(r.get(c)) for c in SELECTION_COLUMNS]
+                                        for r in rows]
+
+
 def learning_table(report: LearningReport) -> list[list[str]]:
     columns = ("mode", "estimator", "time_to_target", "updates_to_target", "reached",
                "final_return", "throughput", "mean_lag", "dropped_frac")

@@ -29,7 +29,12 @@ request in progress (not how full its slots were).
 Then a sweep over the learner step time prints the speed-up curve of async over sync: the
 gain depends on the ratio of generation time to learner time.
 
+With `--reweight propensity` every mode admits with selection-bias weights (`core.selection`)
+and the table adds the TVs of the admitted mix weighted by them: the mix the learner's loss
+sees, against the generated one.
+
     .venv/bin/python bench/pipeline.py [--steps 16] [--batch 16] [--quick] [--sweep 0.1,0.4,1.6]
+                                       [--reweight propensity]
 """
 
 from __future__ import annotations
@@ -131,7 +136,8 @@ def run_mode(mode: str, kv: str, batch_kind: str, args, directory: Path, *,
     step_s = learner_s * batch / args.batch  # the same learner cost per trajectory
     cfg = parse_config({
         "rollout": {"group_size": args.group, "max_concurrent": args.slots},
-        "admission": {"max_lag": args.max_lag, "stale": "drop", "zero_variance": "drop"},
+        "admission": {"max_lag": args.max_lag, "stale": "drop", "zero_variance": "drop",
+                      "reweight": args.reweight},
         "learner": {"batch_size": batch},
         "pipeline": {"mode": mode, "kv": kv, "steps": steps, "max_queue": 4 * batch},
     })
@@ -171,14 +177,18 @@ def run_mode(mode: str, kv: str, batch_kind: str, args, directory: Path, *,
                                or [0.0]),
                 max_lag=max((r.max_lag or 0) for r in learner_steps),
                 difficulty_tv=skew.difficulty_tv, duration_tv=skew.duration_tv,
+                weighted_difficulty_tv=skew.weighted_difficulty_tv,
+                weighted_duration_tv=skew.weighted_duration_tv,
                 update_pause_s=engine.update_pause_s, generated=pipeline.stats.dispatched)
 
 
-def print_table(rows: list[dict], bound: Bound) -> None:
+def print_table(rows: list[dict], bound: Bound, weighted: bool = False) -> None:
+    """One line per mode; with `weighted` (--reweight propensity) the TVs of the admitted mix
+    weighted by its selection weights, what the learner's loss sees, follow the plain ones."""
     sync = rows[0]["admitted_per_s"]
     header = ("mode", "wall s", "adm/s", "x sync", "of ideal", "learner busy", "engine active",
               "lag mean", "lag max", "difficulty TV", "duration TV", "update pause s",
-              "generated")
+              "generated") + (("weighted diff TV", "weighted dur TV") if weighted else ())
     print("  ".join(f"{h:>13}" for h in header))
     for r in rows:
         values = (r["mode"], f"{r['wall_s']:.1f}", f"{r['admitted_per_s']:.2f}",
@@ -187,6 +197,8 @@ def print_table(rows: list[dict], bound: Bound) -> None:
                   f"{100 * r['learner_busy']:.0f}%", f"{100 * r['engine_busy']:.0f}%",
                   f"{r['mean_lag']:.2f}", str(r["max_lag"]), f"{r['difficulty_tv']:.3f}",
                   f"{r['duration_tv']:.3f}", f"{r['update_pause_s']:.2f}", str(r["generated"]))
+        if weighted:
+            values += (f"{r['weighted_difficulty_tv']:.3f}", f"{r['weighted_duration_tv']:.3f}")
         print("  ".join(f"{v:>13}" for v in values))
 
 
@@ -215,6 +227,8 @@ def main() -> None:
     parser.add_argument("--sweep", default="0.05,0.2,0.8,3.2",
                         help="learner step times (s) for the speed-up curve; '' skips it")
     parser.add_argument("--quick", action="store_true", help="4 steps of 8 (a smoke run)")
+    parser.add_argument("--reweight", choices=("none", "propensity"), default="none",
+                        help="[admission] reweight; propensity adds the weighted mix's TVs")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.batch, args.slots = 4, 8, 16
@@ -231,7 +245,7 @@ def main() -> None:
               f"{args.max_lag}, tool latency lognormal(median {args.latency} s, sigma 1), "
               f"k = 1..{args.max_k}")
         print(describe_bound(bound, args.learner_s))
-        print_table(rows, bound)
+        print_table(rows, bound, weighted=args.reweight != "none")
         curve = []
         for learner_s in sweep:
             sync = run_mode("sync", "recompute", "slots", args, Path(directory),

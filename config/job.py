@@ -125,6 +125,14 @@ class AdmissionConfig(Section):
     overlong_factor: float = Field(1.0, ge=0)
     group_completion: Literal["wait", "stream"] = "wait"
     min_group_size: int = Field(2, ge=1, description="valid members a group needs to be scored")
+    reweight: Literal["none", "propensity"] = Field(
+        "none", description="propensity: weight each admitted trajectory by generated/admitted "
+        "of its (family, difficulty, duration quartile) bucket, so the weighted training mix "
+        "is the generated one (core/selection.py); the learner scales its advantage by it")
+    reweight_clip: float = Field(5.0, ge=1.0, description="the largest weight (and 1/clip the "
+                                                          "smallest)")
+    reweight_window: int = Field(4096, ge=8, description="recent finished trajectories the "
+                                                         "weights are estimated from")
 
 
 class PipelineConfig(Section):

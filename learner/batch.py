@@ -57,6 +57,8 @@ class TrainingSample:
     kind                        "rollout" (trajectory_id is the store's, or a synthetic one's),
                                 "demonstration" (its index) or "placeholder" (a data-parallel
                                 rank's filler row); rows of one trajectory share (kind, id)
+    selection_weight            admission's selection-bias weight (core.selection; 1 unless
+                                [admission] reweight is on): scales the trajectory's advantage
     """
 
     token_ids: np.ndarray
@@ -72,6 +74,7 @@ class TrainingSample:
     model_call_ids: tuple[int, ...] = ()
     call_spans: tuple[tuple[int, int], ...] = ()
     kind: SampleKind = "rollout"
+    selection_weight: float = 1.0
     length: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -120,6 +123,13 @@ class TrainingSample:
                 f"TrainingSample {self.trajectory_id}: reward {self.reward} is not finite"
             )
         set_(self, "reward", float(self.reward))
+        weight = float(self.selection_weight)
+        if not (math.isfinite(weight) and weight > 0):
+            raise ValueError(
+                f"TrainingSample {self.trajectory_id}: selection_weight {self.selection_weight} "
+                "must be a finite number > 0"
+            )
+        set_(self, "selection_weight", weight)
         if (self.sampler_topk_ids is None) != (self.sampler_topk_logprobs is None):
             raise ValueError(
                 f"TrainingSample {self.trajectory_id}: sampler_topk_ids and "
@@ -182,6 +192,8 @@ class TrainingSample:
             "sequence": self.sequence,
             "kind": self.kind,
         }
+        if self.selection_weight != 1.0:
+            out["selection_weight"] = self.selection_weight
         if self.model_call_ids:
             out["model_call_ids"] = list(self.model_call_ids)
             out["call_spans"] = [list(span) for span in self.call_spans]
@@ -209,10 +221,10 @@ class TrainingSample:
             raise ValueError(
                 f"sample is missing {', '.join(missing)}; every sample needs "
                 f"{', '.join(required)} (sequence, sampler_topk_*, model_call_ids, "
-                "call_spans and kind optional)"
+                "call_spans, kind and selection_weight optional)"
             )
         optional = {"sequence", "sampler_topk_ids", "sampler_topk_logprobs", "model_call_ids",
-                    "call_spans", "kind"}
+                    "call_spans", "kind", "selection_weight"}
         unknown = set(data) - set(required) - optional
         if unknown:
             raise ValueError(f"sample has unknown keys {sorted(unknown)}")
@@ -233,6 +245,7 @@ class TrainingSample:
             model_call_ids=tuple(data.get("model_call_ids", ())),
             call_spans=tuple(tuple(span) for span in data.get("call_spans", ())),
             kind=data.get("kind", "rollout"),
+            selection_weight=float(data.get("selection_weight", 1.0)),
         )
 
 
@@ -251,6 +264,7 @@ def samples_from_calls(
     trajectory_id: int,
     sequence: int = 0,
     trainable: bool = True,
+    selection_weight: float = 1.0,
 ) -> list[TrainingSample]:
     """A trajectory's samples, one per segment, from its stored model calls by the one path
     (`core.samples.segment_samples`): loss mask 1 on sampled tokens, with their sampler
@@ -270,6 +284,7 @@ def samples_from_calls(
             sampler_topk_logprobs=segment.topk_logprobs,
             model_call_ids=tuple(calls[i].id for i in segment.calls),
             call_spans=segment.call_spans,
+            selection_weight=selection_weight,
         )
         for segment in segment_samples(calls)
         if segment.length

@@ -5,9 +5,9 @@ tokens rebuilt exactly from its stored model calls by the one path (`core.sample
 concatenation, per segment, of each call's prompt delta and sampled tokens; loss mask 1 on
 sampled tokens only; each sample keeps its calls' ids and offsets); a loss-masked
 admission becomes a one-token sample with no loss tokens, so it counts in its group's baseline
-and nowhere else. A trajectory whose chat template forced several segments yields one sample
-per segment, all in the trajectory's group; the trainer counts them as one group member
-(`learner.advantages.trajectory_advantages`).
+and nowhere else. Each sample carries its entry's selection weight. A trajectory whose chat
+template forced several segments yields one sample per segment, all in the trajectory's group;
+the trainer counts them as one group member (`learner.advantages.trajectory_advantages`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class StoreSource:
                 continue
             built = samples_from_calls(calls[entry.trajectory_id], reward=entry.reward,
                                        group_id=entry.group_id,
-                                       trajectory_id=entry.trajectory_id, sequence=entry.seq)
+                                       trajectory_id=entry.trajectory_id, sequence=entry.seq,
+                                       selection_weight=entry.weight)
             if not built:
                 raise ValueError(f"admitted trajectory {entry.trajectory_id} (seq {entry.seq}) "
                                  f"has no stored model calls")

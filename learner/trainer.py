@@ -285,7 +285,9 @@ class Learner:
             kept, self.pad_id, self.device, need_topk=self.cfg.score_centering is not None
         )
         t0 = time.perf_counter()
-        step = self._step_tensors(batch, rewards.to(self.device), baseline_peers)
+        selection_B = torch.tensor([s.selection_weight for s in kept], dtype=torch.float32)
+        step = self._step_tensors(batch, rewards.to(self.device), baseline_peers,
+                                  selection_B.to(self.device))
         t_proximal = time.perf_counter() - t0
         self._observe_logprobs(kept[:len(kept) - placeholders], step.proximal_logprobs_B_Tm1)
         gaps = self._precision_gaps(step) if self.cfg.gap_probe else {}
@@ -394,6 +396,10 @@ class Learner:
             "reward/mean": rewards.mean().item(),
             "reward/std": rewards.std().item() if len(samples) > 1 else 0.0,
         }
+        weights = [s.selection_weight for s in samples]
+        if any(w != 1.0 for w in weights):  # [admission] reweight: what the weights did
+            extra["selection/weight_mean"] = sum(weights) / len(weights)
+            extra["selection/weight_max"] = max(weights)
         if a.drop_zero_variance_groups:
             keep = zero_variance_groups(rewards, [s.group_id for s in samples])
             extra["learner/zero_variance_dropped"] = float((~keep).sum().item())
@@ -403,8 +409,10 @@ class Learner:
 
     @torch.no_grad()
     def _step_tensors(self, batch: PaddedBatch, rewards_B: torch.Tensor,
-                      baseline_peers: Sequence[tuple[object, float]]) -> StepTensors:
-        """The no-grad pass at the current weights, then the advantages."""
+                      baseline_peers: Sequence[tuple[object, float]],
+                      selection_B: torch.Tensor | None = None) -> StepTensors:
+        """The no-grad pass at the current weights, then the advantages, each row's scaled by
+        its selection weight (`selection_B`, admission's reweighting; 1 = unchanged)."""
         mb = self.cfg.micro_batch_size
         proximal, reference, values = [], [], []
         self.policy.eval()
@@ -421,6 +429,9 @@ class Learner:
         cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
         old_values = cat(values)
         advantages, returns = self._advantages(batch, rewards_B, old_values, baseline_peers)
+        if selection_B is not None and bool((selection_B != 1).any()):
+            scale = selection_B.to(advantages.dtype)
+            advantages = advantages * (scale if advantages.dim() == 1 else scale[:, None])
         return StepTensors(batch, cat(proximal), cat(reference), old_values, advantages, returns)
 
     def _advantages(

@@ -45,6 +45,7 @@ class MemberOutcome:
     min_version: int | None  # oldest weights version that produced one of its tokens
     sampled_tokens: int = 0
     attempt: int = 0
+    duration_s: float = 0.0  # wall time from start to finish (the ledger's duration)
 
 
 @dataclass(frozen=True)

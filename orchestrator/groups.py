@@ -37,7 +37,8 @@ def member_outcome(trajectory_id: int, outcome: TrajectoryOutcome, attempt: int)
         reward = 0.0  # the policy did not finish the task within its limits
     return MemberOutcome(trajectory_id=trajectory_id, kind=kind, reward=reward,
                          min_version=outcome.min_weights_version,
-                         sampled_tokens=outcome.sampled_tokens, attempt=attempt)
+                         sampled_tokens=outcome.sampled_tokens, attempt=attempt,
+                         duration_s=max(0.0, outcome.finished_at - outcome.started_at))
 
 
 @dataclass

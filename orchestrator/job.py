@@ -390,6 +390,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
         "progress": snapshot(pipeline),
         "admission": dict(pipeline.stats.decisions),
         "selection_skew": asdict(skew),
+        "admission_reweight": job.admission.reweight,
         "rollout_dynamics": rollout_dynamics(store, run_id),
         "evaluations": [r.as_dict() for r in results],
         "held_out": family.held_out,
@@ -471,8 +472,12 @@ def print_summary(summary: dict, results: list[Evaluation], job: JobConfig) -> N
                  f"weights version, KV lag mean {dynamics['mean_kv_lag']} max "
                  f"{dynamics['max_kv_lag']}, {dynamics['timeouts']} timeouts "
                  f"{dynamics['timeout_decisions']}")
+    weighted = ""
+    if summary.get("admission_reweight", "none") != "none":
+        weighted = (f" (weighted by the selection weights: {skew['weighted_difficulty_tv']:.3f} "
+                    f"and {skew['weighted_duration_tv']:.3f})")
     lines += [f"  selection skew: difficulty TV {skew['difficulty_tv']:.3f}, duration TV "
-              f"{skew['duration_tv']:.3f}, excluded token share "
+              f"{skew['duration_tv']:.3f}{weighted}, excluded token share "
               f"{skew['excluded_token_share']:.3f}",
               f"  report:   {summary['report']}",
               f"  database: {summary['db']}   (stalewise audit runs --url {summary['db']})"]

@@ -36,6 +36,7 @@ import anyio
 from config.job import JobConfig
 from core.engine_api import EngineClient, SamplingParams, UpdateMode
 from core.log import bind_trajectory, get_logger
+from core.selection import Finished, OnlineWeights
 from core.sandbox import Sandbox, SandboxSpec
 from core.store.outage import Outage
 from core.store.store import Store
@@ -144,6 +145,11 @@ class Pipeline:
         # positions the next admitted trajectories will get, in submission order.
         self.stream_reserved = self.stream_head
         self.stats = PipelineStats()
+        admission = cfg.admission
+        # [admission] reweight = "propensity": the selection-bias weights, estimated online
+        self.selection = (OnlineWeights(clip=admission.reweight_clip,
+                                        window=admission.reweight_window)
+                          if admission.reweight == "propensity" else None)
         self.rl_started: float | None = None  # when run() began: the budget's clock
         self.in_flight = 0
         self.undecided = 0  # dispatched members whose decision is not stored yet
@@ -427,8 +433,10 @@ class Pipeline:
     async def _store_decisions(self, group: GroupState, decisions: list[Decision]) -> None:
         if not decisions:
             return
+        weights = self._selection_weights(group, decisions)
         rows = [dict(trajectory_id=d.trajectory_id, group_id=group.group_id, action=d.action,
-                     reason=d.reason, lag=d.lag, reward=d.reward if d.reward is not None else 0.0)
+                     reason=d.reason, lag=d.lag, reward=d.reward if d.reward is not None else 0.0,
+                     weight=weights.get(d.trajectory_id, 1.0))
                 for d in decisions]
         closes = group.complete() and not any(d.action == "requeue" for d in decisions)
         status = None
@@ -451,6 +459,20 @@ class Pipeline:
             group.admitted += d.streamed
         self.undecided -= sum(d.action != "requeue" for d in decisions)
         self.stats.on_decisions(decisions)
+
+    def _selection_weights(self, group: GroupState, decisions: list[Decision]) -> dict[int, float]:
+        """Each admitted member's selection-bias weight (empty unless reweighting): every
+        decision joins the window first (a requeued one as not admitted, as in the ledger), so a
+        bucket's own admissions count."""
+        if self.selection is None:
+            return {}
+        key = (group.task.family, group.task.difficulty)
+        durations = {m.trajectory_id: m.duration_s for m in group.finished.values()}
+        for d in decisions:
+            self.selection.observe(Finished(key, durations[d.trajectory_id], d.action == "admit"))
+        admitted = [d.trajectory_id for d in decisions if d.action == "admit"]
+        weights = self.selection.weights([(key, durations[t]) for t in admitted])
+        return dict(zip(admitted, weights))
 
     async def _check_engine(self) -> None:
         """After an engine error: pause dispatching while the engine does not answer; resume

@@ -31,7 +31,8 @@ def generated_work(store: Store, run_id: str) -> list[Generated]:
     return [Generated(family=r.family, difficulty=r.difficulty or "all",
                       duration_s=(r.finished_at or 0.0) - (r.started_at or 0.0),
                       reward=r.reward, sampled_tokens=r.num_sampled_tokens,
-                      admitted=r.decision == "admit", reason=r.reason or "undecided")
+                      admitted=r.decision == "admit", reason=r.reason or "undecided",
+                      weight=1.0 if r.weight is None else r.weight)
             for r in finished_work(store, run_id)]
 
 

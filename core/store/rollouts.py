@@ -27,14 +27,17 @@ def _final_decisions(run_id: str):
 
 def finished_work(store: Store, run_id: str) -> list[Any]:
     """Rows of (family, difficulty, started_at, finished_at, reward, num_sampled_tokens,
-    decision, reason) for every finished training trajectory of the run."""
+    decision, reason, weight) for every finished training trajectory of the run (weight: its
+    stream entry's selection weight, None when it has none)."""
     t, d, ti = s.Trajectory.__table__, s.AdmissionDecision.__table__, s.TaskInstance.__table__
+    ls = s.StreamEntry.__table__
     last = _final_decisions(run_id)
     query = (select(ti.c.family, ti.c.difficulty, t.c.started_at, t.c.finished_at, t.c.reward,
-                    t.c.num_sampled_tokens, d.c.decision, d.c.reason)
+                    t.c.num_sampled_tokens, d.c.decision, d.c.reason, ls.c.weight)
              .select_from(t.join(ti, ti.c.id == t.c.task_instance_id)
                           .outerjoin(last, last.c.trajectory_id == t.c.id)
-                          .outerjoin(d, d.c.id == last.c.id))
+                          .outerjoin(d, d.c.id == last.c.id)
+                          .outerjoin(ls, (ls.c.run_id == run_id) & (ls.c.trajectory_id == t.c.id)))
              .where(t.c.run_id == run_id, t.c.purpose == "train",
                     t.c.status.notin_(UNFINISHED)))
     with store.engine.connect() as c:

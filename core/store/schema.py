@@ -21,6 +21,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -240,6 +241,9 @@ class StreamEntry(Base):
     reward: Mapped[float] = mapped_column(Float)  # the reward trained with (after admission rules)
     loss_masked: Mapped[bool] = mapped_column(Boolean, default=False)  # baselines only, no loss
     admitted_at: Mapped[float] = mapped_column(Float)
+    # selection-bias weight (core/selection.py; 1 unless [admission] reweight is on): the
+    # learner multiplies the trajectory's advantage by it
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default=text("1.0"))
 
 
 class LearnerStep(Base):

@@ -422,8 +422,9 @@ class Store:
         """Store a batch of decisions (e.g. a whole group's) in one transaction.
 
         Each item: trajectory_id, group_id, action (admit|mask|drop|requeue), reason, lag,
-        reward, details. `admit` and `mask` items also enter the learner stream (masked ones
-        for group statistics only) with contiguous sequence numbers, returned in order.
+        reward, details, and optionally weight (the selection-bias weight, default 1). `admit`
+        and `mask` items also enter the learner stream (masked ones for group statistics only)
+        with contiguous sequence numbers, returned in order.
         `group_status`, when given, closes the group in the same transaction.
         """
         with self.engine.begin() as c:
@@ -455,8 +456,8 @@ class Store:
         c.execute(insert(s.StreamEntry.__table__), [dict(
             run_id=run_id, seq=first + i, trajectory_id=d["trajectory_id"],
             group_id=d.get("group_id"), reward=float(d["reward"]),
-            loss_masked=d["action"] == "mask", admitted_at=stamp)
-            for i, d in enumerate(streamed)])
+            loss_masked=d["action"] == "mask", admitted_at=stamp,
+            weight=float(d.get("weight", 1.0))) for i, d in enumerate(streamed)])
         return list(range(first, head + 1))
 
     def stream_after(self, run_id: str, after_seq: int, limit: int = 1000) -> list[Any]:

@@ -280,3 +280,23 @@ def test_the_gap_probe_measures_both_precisions_on_lag_zero_tokens(tiny, rl_samp
         assert 0 <= mean <= p99 <= top
     assert not any(k.startswith("numerics/") for k in Learner(tiny, _config()).rl_step(
         rl_samples).metrics)
+
+
+def test_selection_weights_scale_each_trajectorys_advantage(tiny, rl_samples):
+    """[admission] reweight: the stored weight multiplies the trajectory's advantage, so a
+    trajectory of a bucket admitted half as often counts twice in the update."""
+    learner = Learner(tiny, _config(advantage=dict(estimator="dr_grpo")))
+    weights = [0.5 + (i % 3) for i in range(len(rl_samples))]
+    batch = collate(rl_samples, learner.pad_id)
+    rewards = torch.tensor([s.reward for s in rl_samples])
+    plain = learner._step_tensors(batch, rewards, ())
+    scaled = learner._step_tensors(batch, rewards, (), torch.tensor(weights))
+    assert torch.allclose(scaled.advantages, plain.advantages * torch.tensor(weights))
+    assert plain.advantages.abs().sum() > 0
+    weighted = [replace(s, selection_weight=w) for s, w in zip(rl_samples, weights)]
+    report = learner.rl_step(weighted)
+    assert report.metrics["selection/weight_max"] == 2.5
+    assert report.metrics["selection/weight_mean"] == pytest.approx(sum(weights) / len(weights))
+    assert "selection/weight_mean" not in Learner(tiny, _config()).rl_step(rl_samples).metrics
+    with pytest.raises(ValueError, match="selection_weight"):
+        replace(rl_samples[0], selection_weight=0.0)

@@ -387,3 +387,37 @@ def test_a_pipeline_cancelled_at_any_of_50_moments_raises_nothing_and_ends_every
         assert all(t.error for t in trajectories if t.status == "aborted"), where
         ended = {t.id for t in trajectories if t.status in ("completed", "failed", "truncated")}
         assert streamed <= ended, where
+
+
+def test_propensity_reweighting_stores_weights_that_undo_the_selection(sqlite_url):
+    """[admission] reweight = "propensity": dynamic sampling drops the coin's zero-variance
+    groups unevenly across (difficulty, duration quartile) buckets; the admitted members carry
+    weights in the learner stream that bring the weighted admitted mix back to the generated
+    one, and the learner reads them."""
+    from learner.store_source import StoreSource
+    from orchestrator.report import store_ledger
+
+    overrides = {"rollout": {"group_size": 2, "max_concurrent": 16},
+                 "admission": {"zero_variance": "drop", "reweight": "propensity",
+                               "reweight_clip": 4.0},
+                 "pipeline": {"mode": "async", "steps": 6}}
+    store, learner, _, pipeline = run_pipeline(
+        sqlite_url, overrides, step_s=0.02, latency=LatencyModel(fixed_s=0.01, jitter_sigma=1.0))
+    check_stream(store, learner, steps=6)
+    assert pipeline.stats.excluded["zero_variance"] > 0
+    weights = [e.weight for e in rows(store, s.StreamEntry)]
+    assert all(0.25 <= w <= 4.0 for w in weights)
+    assert max(weights) > 1.0 > min(weights), weights
+    _, skew = store_ledger(store, "r")
+    assert skew.difficulty_tv + skew.duration_tv > 0
+    assert (skew.weighted_difficulty_tv + skew.weighted_duration_tv
+            < skew.difficulty_tv + skew.duration_tv)
+    samples = StoreSource(store, "r").read(0, 100)
+    assert sorted({x.selection_weight for x in samples}) == sorted(set(weights))
+
+
+def test_without_reweighting_every_weight_is_one(sqlite_url):
+    store, learner, _, _ = run_pipeline(
+        sqlite_url, {"admission": {"zero_variance": "drop"},
+                     "pipeline": {"mode": "async", "steps": 2}})
+    assert {e.weight for e in rows(store, s.StreamEntry)} == {1.0}

@@ -96,7 +96,7 @@ CREATE TABLE learner_stream (
 	group_id INTEGER,
 	reward FLOAT NOT NULL,
 	loss_masked BOOLEAN NOT NULL,
-	admitted_at FLOAT NOT NULL,
+	admitted_at FLOAT NOT NULL, weight FLOAT DEFAULT (1.0) NOT NULL,
 	CONSTRAINT pk_learner_stream PRIMARY KEY (run_id, seq),
 	CONSTRAINT fk_learner_stream_group_id_groups FOREIGN KEY(group_id) REFERENCES groups (id),
 	CONSTRAINT fk_learner_stream_run_id_runs FOREIGN KEY(run_id) REFERENCES runs (id) ON DELETE CASCADE,

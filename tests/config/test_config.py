@@ -10,14 +10,14 @@ from config.errors import ConfigError
 from config.job import JobConfig, load_config, parse_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-JOB_CONFIGS = sorted(p for p in CONFIGS.glob("*.toml") if p.name != "lab.toml")
+JOB_CONFIGS = sorted(p for p in CONFIGS.rglob("*.toml") if p.name != "lab.toml")
 
 
 def test_there_are_shipped_job_configs():
     assert JOB_CONFIGS, f"no job configs found in {CONFIGS}"
 
 
-@pytest.mark.parametrize("path", JOB_CONFIGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", JOB_CONFIGS, ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_shipped_job_config_parses(path):
     assert isinstance(load_config(path), JobConfig)
 

@@ -83,6 +83,12 @@ class PolicyLossConfig(_Strict):
     correction_high: float | None = Field(
         None, gt=0.0, description="tis: cap; mis: upper keep bound"
     )
+    correction_entropy: bool = Field(
+        False,
+        description="token-level tis/mis: scale the bounds' logs per token by "
+        "s(H) = sqrt((1 - exp(-H)) / (1 - exp(-1))) (floor 0.05), H the entropy of pi_old there: "
+        "tighter where the policy is sure, wider where it explores (docs/losses.md)",
+    )
     ratio_base: RatioBase = Field(
         "proximal",
         description="behaviour ratio from pi_old (proximal) or the detached current pi (current)",
@@ -110,6 +116,12 @@ class PolicyLossConfig(_Strict):
             "correction_high",
             self.correction_high,
         )
+        if self.correction_entropy and (self.correction == "none"
+                                        or self.correction_level != "token"):
+            raise ValueError(
+                "PolicyLossConfig: correction_entropy scales token-level bounds; set correction "
+                "= 'tis' or 'mis' and correction_level = 'token', or remove correction_entropy"
+            )
         if self.cispo_low is not None and self.cispo_low >= self.cispo_high:
             raise ValueError(
                 f"PolicyLossConfig: cispo_low ({self.cispo_low}) must be below "

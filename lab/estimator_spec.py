@@ -76,6 +76,11 @@ PRESETS: dict[str, EstimatorSpec] = {
         loss=_loss(surrogate="ppo", correction="mis", correction_level="token",
                    correction_low=0.5, correction_high=2.0),
         description="IcePop: token MIS, keep 0.5 <= pi/mu <= 2"),
+    "icepop_entropy": EstimatorSpec(
+        loss=_loss(surrogate="ppo", correction="mis", correction_level="token",
+                   correction_low=0.5, correction_high=2.0, correction_entropy=True),
+        description="IcePop with entropy-conditioned bounds: 0.5 and 2 at 1 nat, "
+                    "log-bounds scaled by sqrt((1 - e^-H) / (1 - e^-1))"),
     "gspo": EstimatorSpec(
         proximal="sampler", loss=_loss(surrogate="gspo", **_GSPO),
         description="GSPO: sequence ratio (geometric mean of pi/mu), clip 0.2"),

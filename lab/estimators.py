@@ -115,6 +115,7 @@ class _LossInputs:
     topk_ids_N_T_K: torch.Tensor
     topk_logprobs_N_T_K: torch.Tensor
     logits_N_T_V: torch.Tensor | None  # gathered from the leaf, for score centering
+    entropy_N_T: torch.Tensor | None  # the trainer's entropy per position (correction_entropy)
 
 
 def _loss_inputs(theta_P_S_V: torch.Tensor, chunk: _Chunk, estimator: EstimatorSpec,
@@ -134,9 +135,14 @@ def _loss_inputs(theta_P_S_V: torch.Tensor, chunk: _Chunk, estimator: EstimatorS
     proximal_N_T = sampler_N_T if estimator.proximal == "sampler" else trainer_N_T.detach()
     logits_N_T_V = (table[replicate_N_1, prompts_N_1, states_N_T]
                     if estimator.score_centering is not None else None)
+    entropy_N_T = None
+    if estimator.loss.correction_entropy:
+        lp = logprobs_M_P_S_V.detach()[replicate_N_1, prompts_N_1, states_N_T]
+        entropy_N_T = -(lp.exp() * lp).sum(-1)
     return _LossInputs(table, trainer_N_T, proximal_N_T, sampler_N_T, tokens_N_T,
                        batch.sampler_topk_ids_N_T_K[rows],
-                       batch.sampler_topk_logprobs_N_T_K[rows].double(), logits_N_T_V)
+                       batch.sampler_topk_logprobs_N_T_K[rows].double(), logits_N_T_V,
+                       entropy_N_T)
 
 
 def _losses(inputs: _LossInputs, rows: slice, mask_N_T: torch.Tensor,
@@ -147,7 +153,9 @@ def _losses(inputs: _LossInputs, rows: slice, mask_N_T: torch.Tensor,
         PolicyLossInputs(trainer_logprobs=inputs.trainer_N_T[rows],
                          proximal_logprobs=inputs.proximal_N_T[rows],
                          sampler_logprobs=inputs.sampler_N_T[rows],
-                         advantages=advantages_N[rows], mask=mask_N_T[rows]),
+                         advantages=advantages_N[rows], mask=mask_N_T[rows],
+                         proximal_entropy=None if inputs.entropy_N_T is None
+                         else inputs.entropy_N_T[rows]),
         estimator.loss, denominator=denominator)
     if estimator.score_centering is None:
         return policy, None
@@ -200,7 +208,8 @@ def _chunk_gradients_vectorised(theta_P_S_V: torch.Tensor, chunk: _Chunk,
     policy_mask = chunk.mask_N_T
     if not cfg.masked_in_denominator:
         _, keep, _, _ = behaviour_weights(inputs.trainer_N_T, inputs.proximal_N_T,
-                                          inputs.sampler_N_T, chunk.mask_N_T, cfg)
+                                          inputs.sampler_N_T, chunk.mask_N_T, cfg,
+                                          inputs.entropy_N_T)
         policy_mask = chunk.mask_N_T & keep
     dens_M = replicate_denominators(policy_mask, replicate_size, cfg.aggregation,
                                     cfg.norm_constant)

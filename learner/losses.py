@@ -76,7 +76,9 @@ class PolicyLossInputs:
     advantages: (B,) per sequence or (B, T) per token;
     mask: the loss mask (off it, the log-probs may hold anything, even -inf or NaN);
     reference_logprobs: log-probs under the KL reference, needed when `kl_coef` > 0;
-    entropy: the policy's entropy at each position, for the metrics only.
+    entropy: the policy's entropy at each position, for the metrics only;
+    proximal_entropy: pi_old's entropy at each position, detached; needed when
+    `correction_entropy` is on (it sets each token's bounds).
     Shapes are checked when the record is made."""
 
     trainer_logprobs: torch.Tensor
@@ -86,13 +88,14 @@ class PolicyLossInputs:
     mask: torch.Tensor
     reference_logprobs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
+    proximal_entropy: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = _check_shapes(trainer_logprobs=self.trainer_logprobs,
                               proximal_logprobs=self.proximal_logprobs,
                               sampler_logprobs=self.sampler_logprobs, mask=self.mask)
         _advantages_B_T(self.advantages, shape)
-        for name in ("reference_logprobs", "entropy"):
+        for name in ("reference_logprobs", "entropy", "proximal_entropy"):
             value = getattr(self, name)
             if value is not None and value.shape != shape:
                 raise ValueError(f"PolicyLossInputs: {name} {tuple(value.shape)} is not the "
@@ -265,14 +268,39 @@ def _log_bound(bound: float | None, default: float) -> float:
     return math.log(bound) if bound > 0 else -math.inf
 
 
+ENTROPY_SCALE_FLOOR = 0.05
+
+
+def entropy_bound_scale(entropy_B_T: torch.Tensor) -> torch.Tensor:
+    """s(H) = sqrt((1 - e^-H) / (1 - e^-1)), at least 0.05: how wide a token's log-ratio bounds
+    are relative to a token of 1 nat (`correction_entropy`).
+
+    Why this shape: a small logit perturbation e (the sampler's numerics, a stale update) moves
+    the sampled token's log-prob by e_y - sum_j p_j e_j, whose variance for independent e_j of
+    variance v is v (1 - 2 p_y + sum_j p_j^2). For a distribution spread evenly over its
+    support that is v (1 - e^-H) in expectation over y: a sure token (H -> 0) barely moves, a
+    uniform one over many tokens moves by about sqrt(v). So the natural spread of the ratio grows
+    as sqrt(1 - e^-H), and fixed bounds are too wide for sure tokens and too tight for
+    exploring ones."""
+    spread = -torch.expm1(-entropy_B_T.double().clamp(min=0.0))
+    scale = torch.sqrt(spread / (1.0 - math.exp(-1.0)))
+    return scale.clamp(min=ENTROPY_SCALE_FLOOR).to(entropy_B_T.dtype)
+
+
 def _correction_weights(
-    mode: Correction | str, log_rho: torch.Tensor, low: float | None, high: float | None
+    mode: Correction | str, log_rho: torch.Tensor, low: float | None, high: float | None,
+    scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(weights, keep, floored, capped) from a detached log ratio; computed in log space."""
+    """(weights, keep, floored, capped) from a detached log ratio; computed in log space.
+    `scale` (per token) multiplies the bounds' logs (`entropy_bound_scale`)."""
     ones = torch.ones_like(log_rho, dtype=torch.bool)
     if mode == "none":
         return torch.ones_like(log_rho), ones, ~ones, ~ones
     log_low, log_high = _log_bound(low, -math.inf), _log_bound(high, math.inf)
+    if scale is not None:
+        scale = scale.to(log_rho.dtype)
+        log_low = torch.full_like(log_rho, log_low) * scale
+        log_high = torch.full_like(log_rho, log_high) * scale
     if mode == "tis":
         capped = log_rho > log_high
         floored = log_rho < log_low
@@ -342,13 +370,15 @@ def behaviour_weights(
     sampler_logprobs_B_T: torch.Tensor,
     mask_B_T: torch.Tensor,
     cfg: PolicyLossConfig,
+    proximal_entropy_B_T: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Detached behaviour weights of `cfg.correction`.
 
     Returns (weights_B_T, keep_B_T, floored_B_T, capped_B_T). The log ratio is
     log pi_old - log mu (`ratio_base = proximal`) or sg(log pi) - log mu (`current`), summed
     over the row's loss tokens at `correction_level = sequence`. keep is False where `mis`
-    zeroes a token (its whole row at sequence level).
+    zeroes a token (its whole row at sequence level). With `correction_entropy` the bounds of
+    each token are scaled by `entropy_bound_scale` of pi_old's entropy there.
     """
     mask = mask_B_T.to(torch.bool)
     base = proximal_logprobs_B_T if cfg.ratio_base == "proximal" else trainer_logprobs_B_T
@@ -359,7 +389,14 @@ def behaviour_weights(
     )
     if cfg.correction_level == "sequence":
         log_rho = log_rho.sum(-1, keepdim=True).expand_as(log_rho)
-    return _correction_weights(cfg.correction, log_rho, cfg.correction_low, cfg.correction_high)
+    scale = None
+    if cfg.correction_entropy:
+        if proximal_entropy_B_T is None:
+            raise ValueError("behaviour_weights: correction_entropy needs pi_old's entropy at "
+                             "each position (PolicyLossInputs.proximal_entropy)")
+        scale = entropy_bound_scale(proximal_entropy_B_T.detach())
+    return _correction_weights(cfg.correction, log_rho, cfg.correction_low, cfg.correction_high,
+                               scale)
 
 
 def _clipped_ratio_loss(
@@ -493,7 +530,8 @@ def policy_loss(
     adv = _advantages_B_T(inputs.advantages, shape).to(trainer.dtype)
 
     surrogate_B_T, ratio, flags = _surrogate(cfg, trainer, proximal, adv, mask)
-    weights, keep, floored, capped = behaviour_weights(trainer, proximal, sampler, mask, cfg)
+    weights, keep, floored, capped = behaviour_weights(trainer, proximal, sampler, mask, cfg,
+                                                       inputs.proximal_entropy)
     per_token = surrogate_B_T * weights
     metrics: dict[str, torch.Tensor] = {}
     if cfg.kl_coef > 0:

@@ -123,6 +123,7 @@ class StepTensors:
     old_values_B_Tm1: torch.Tensor | None
     advantages: torch.Tensor
     returns_B_Tm1: torch.Tensor | None
+    proximal_entropy_B_Tm1: torch.Tensor | None = None  # with `loss.correction_entropy`
 
     def advantages_of(self, rows: slice, length: int) -> torch.Tensor:
         a = self.advantages
@@ -414,13 +415,16 @@ class Learner:
         """The no-grad pass at the current weights, then the advantages, each row's scaled by
         its selection weight (`selection_B`, admission's reweighting; 1 = unchanged)."""
         mb = self.cfg.micro_batch_size
-        proximal, reference, values = [], [], []
+        proximal, reference, values, entropy = [], [], [], []
         self.policy.eval()
         for start in range(0, batch.size, mb):
             rows = slice(start, start + mb)
             ids, attn = batch.input_ids_B_T[rows], batch.attention_mask_B_T[rows]
             with self.precision.compute():
-                proximal.append(policy_outputs(self.policy, ids, attn).logprobs_B_Tm1)
+                out = policy_outputs(self.policy, ids, attn)
+                proximal.append(out.logprobs_B_Tm1)
+                if self.cfg.loss.correction_entropy:
+                    entropy.append(token_entropy(out.logits_B_Tm1_V, out.logsumexp_B_Tm1))
                 if self.reference is not None:
                     reference.append(policy_outputs(self.reference, ids, attn).logprobs_B_Tm1)
                 if self.critic is not None:
@@ -432,7 +436,8 @@ class Learner:
         if selection_B is not None and bool((selection_B != 1).any()):
             scale = selection_B.to(advantages.dtype)
             advantages = advantages * (scale if advantages.dim() == 1 else scale[:, None])
-        return StepTensors(batch, cat(proximal), cat(reference), old_values, advantages, returns)
+        return StepTensors(batch, cat(proximal), cat(reference), old_values, advantages, returns,
+                           cat(entropy))
 
     def _advantages(
         self, batch: PaddedBatch, rewards_B: torch.Tensor, old_values: torch.Tensor | None,
@@ -514,9 +519,11 @@ class Learner:
                         self.policy, sub.input_ids_B_T, sub.attention_mask_B_T
                     ).logprobs_B_Tm1
                 current = torch.nn.functional.pad(current, (0, mask.shape[1] - current.shape[1]))
+            entropy = (None if step.proximal_entropy_B_Tm1 is None
+                       else step.proximal_entropy_B_Tm1[rows])
             _, keep, _, _ = behaviour_weights(
                 current, step.proximal_logprobs_B_Tm1[rows], batch.sampler_logprobs_B_Tm1[rows],
-                mask, loss_cfg)
+                mask, loss_cfg, entropy)
             mask = mask & keep
         sc = self.cfg.score_centering
         full_mask = batch.loss_mask_B_Tm1[rows]
@@ -559,6 +566,7 @@ class Learner:
                 mask=sub.loss_mask_B_Tm1,
                 reference_logprobs=_cut(step.reference_logprobs_B_Tm1, rows, length),
                 entropy=token_entropy(out.logits_B_Tm1_V, out.logsumexp_B_Tm1),
+                proximal_entropy=_cut(step.proximal_entropy_B_Tm1, rows, length),
             ),
             cfg.loss,
             denominator=denominators.policy,

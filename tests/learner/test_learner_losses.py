@@ -154,6 +154,39 @@ def test_mis_excluded_from_denominator_changes_the_normaliser():
     assert excluded.loss.item() == pytest.approx(counted.loss.item() * n / (n * (1 - frac)))
 
 
+def test_entropy_conditioned_bounds_tighten_sure_tokens_and_widen_exploring_ones():
+    from learner.losses import behaviour_weights, entropy_bound_scale
+
+    entropy = torch.tensor([[0.01, 1.0, 2.0, 2.0]], dtype=DT)
+    scale = entropy_bound_scale(entropy)
+    assert scale[0, 1].item() == pytest.approx(1.0)
+    assert scale[0, 0].item() == pytest.approx(math.sqrt(-math.expm1(-0.01) / (1 - math.exp(-1))))
+    assert entropy_bound_scale(torch.zeros(1, dtype=DT)).item() == 0.05  # the floor
+    # ratios pi_old / mu of 1.5, 1.5, 2.1, 0.47 against IcePop's [0.5, 2]
+    mu = torch.zeros(1, 4, dtype=DT)
+    old = torch.log(torch.tensor([[1.5, 1.5, 2.1, 0.47]], dtype=DT))
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    fixed = PolicyLossConfig(correction="mis", correction_low=0.5, correction_high=2.0)
+    conditioned = fixed.model_copy(update={"correction_entropy": True})
+    _, keep_fixed, _, _ = behaviour_weights(old, old, mu, mask, fixed)
+    _, keep_entropy, _, _ = behaviour_weights(old, old, mu, mask, conditioned, entropy)
+    assert keep_fixed.tolist() == [[True, True, False, False]]
+    # sure token: 1.5 is far outside its tight bounds; at 1 nat the bounds are IcePop's;
+    # exploring tokens (2 nats): 2.1 and 0.47 are inside the widened bounds
+    assert keep_entropy.tolist() == [[False, True, True, True]]
+    with pytest.raises(ValueError, match="proximal_entropy"):
+        behaviour_weights(old, old, mu, mask, conditioned)
+    tis = PolicyLossConfig(correction="tis", correction_high=2.0, correction_entropy=True)
+    weights, _, _, capped = behaviour_weights(old, old, mu, mask, tis, entropy)
+    assert capped.tolist() == [[True, False, False, False]]
+    assert weights[0, 2].item() == pytest.approx(2.1)
+    with pytest.raises(ValueError, match="correction_entropy"):
+        PolicyLossConfig(correction="none", correction_entropy=True)
+    with pytest.raises(ValueError, match="correction_entropy"):
+        PolicyLossConfig(correction="mis", correction_high=2.0, correction_level="sequence",
+                         correction_entropy=True)
+
+
 # ----------------------------------------------------------------------------- invariants
 
 

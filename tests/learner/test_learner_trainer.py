@@ -300,3 +300,20 @@ def test_selection_weights_scale_each_trajectorys_advantage(tiny, rl_samples):
     assert "selection/weight_mean" not in Learner(tiny, _config()).rl_step(rl_samples).metrics
     with pytest.raises(ValueError, match="selection_weight"):
         replace(rl_samples[0], selection_weight=0.0)
+
+
+def test_entropy_conditioned_mask_uses_pi_old_entropy(tiny, rl_samples):
+    """`loss.correction_entropy`: the no-grad pass keeps pi_old's entropy per token, and the
+    step's masks use it (the same tokens are masked whatever the micro-batch size)."""
+    loss = dict(surrogate="ppo", correction="mis", correction_low=0.9, correction_high=1.1,
+                correction_entropy=True, masked_in_denominator=False)
+    learner = Learner(tiny, _config(loss=loss))
+    batch = collate(rl_samples, learner.pad_id)
+    step = learner._step_tensors(batch, torch.tensor([s.reward for s in rl_samples]), ())
+    assert step.proximal_entropy_B_Tm1 is not None
+    assert step.proximal_entropy_B_Tm1.shape == step.proximal_logprobs_B_Tm1.shape
+    assert float(step.proximal_entropy_B_Tm1[batch.loss_mask_B_Tm1].min()) >= 0
+    report = learner.rl_step(rl_samples)
+    assert "loss/masked_frac" in report.metrics
+    assert Learner(tiny, _config())._step_tensors(
+        batch, torch.tensor([s.reward for s in rl_samples]), ()).proximal_entropy_B_Tm1 is None

@@ -31,10 +31,12 @@ gain depends on the ratio of generation time to learner time.
 
 With `--reweight propensity` every mode admits with selection-bias weights (`core.selection`)
 and the table adds the TVs of the admitted mix weighted by them: the mix the learner's loss
-sees, against the generated one.
+sees, against the generated one. `--pacing TV` holds dispatch while the admitted mix of the
+latest decisions is further than TV from the generated one; compare its rows' adm/s and TVs
+with a run without it.
 
     .venv/bin/python bench/pipeline.py [--steps 16] [--batch 16] [--quick] [--sweep 0.1,0.4,1.6]
-                                       [--reweight propensity]
+                                       [--reweight propensity] [--pacing 0.05]
 """
 
 from __future__ import annotations
@@ -137,7 +139,7 @@ def run_mode(mode: str, kv: str, batch_kind: str, args, directory: Path, *,
     cfg = parse_config({
         "rollout": {"group_size": args.group, "max_concurrent": args.slots},
         "admission": {"max_lag": args.max_lag, "stale": "drop", "zero_variance": "drop",
-                      "reweight": args.reweight},
+                      "reweight": args.reweight, "pacing_tv": args.pacing},
         "learner": {"batch_size": batch},
         "pipeline": {"mode": mode, "kv": kv, "steps": steps, "max_queue": 4 * batch},
     })
@@ -229,6 +231,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="4 steps of 8 (a smoke run)")
     parser.add_argument("--reweight", choices=("none", "propensity"), default="none",
                         help="[admission] reweight; propensity adds the weighted mix's TVs")
+    parser.add_argument("--pacing", type=float, default=None, metavar="TV",
+                        help="[admission] pacing_tv: hold dispatch while the admitted mix is "
+                             "further than TV from the generated one")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.batch, args.slots = 4, 8, 16

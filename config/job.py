@@ -133,6 +133,12 @@ class AdmissionConfig(Section):
                                                           "smallest)")
     reweight_window: int = Field(4096, ge=8, description="recent finished trajectories the "
                                                          "weights are estimated from")
+    pacing_tv: float | None = Field(
+        None, gt=0, lt=1, description="pacing: hold dispatch while the admitted mix of the last "
+        "pacing_window decided trajectories is further than this TV from the generated one "
+        "(by difficulty or by duration quartile); the learner then waits for the slow work in "
+        "flight instead of outrunning it. None = off")
+    pacing_window: int = Field(256, ge=32, description="decided trajectories pacing looks at")
 
 
 class PipelineConfig(Section):

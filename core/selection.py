@@ -145,5 +145,16 @@ class OnlineWeights:
         table = bucket_weights(generated, admitted, clip=self.clip, prior=self.prior)
         return [table.get((key, quartile(duration, cuts)), 1.0) for key, duration in finished]
 
+    def skew(self, last: int | None = None) -> tuple[float, float]:
+        """(key TV, duration-quartile TV) between the generated and the admitted mix of the
+        latest `last` trajectories of the window (all of it by default): what pacing holds
+        within its bound."""
+        items = self._items[-last:] if last else self._items
+        cuts = quartile_cuts([f.duration_s for f in items])
+        admitted = [f for f in items if f.admitted]
+        return (weighted_tv([f.key for f in items], [f.key for f in admitted]),
+                weighted_tv([quartile(f.duration_s, cuts) for f in items],
+                            [quartile(f.duration_s, cuts) for f in admitted]))
+
     def __len__(self) -> int:
         return len(self._items)

@@ -187,6 +187,19 @@ class AdvantageConfig(_Strict):
     drop_zero_variance_groups: bool = Field(
         False, description="drop groups whose rewards are all equal before the update"
     )
+    baseline: Literal["mean", "min_variance"] = Field(
+        "mean",
+        description="min_variance (VCPO): group baselines weighted by each trajectory's squared "
+        "importance ratio pi_old / mu over its sampled tokens, the variance-minimising constant "
+        "baseline for off-policy data; grpo, dr_grpo and rloo only",
+    )
+
+    @model_validator(mode="after")
+    def _baseline_needs_groups(self) -> AdvantageConfig:
+        if self.baseline != "mean" and self.estimator == "gae":
+            raise ValueError("learner.advantage.baseline = 'min_variance' weights group "
+                             "baselines; gae has none (use grpo, dr_grpo or rloo)")
+        return self
 
 
 class OptimizerConfig(_Strict):
@@ -196,6 +209,11 @@ class OptimizerConfig(_Strict):
     eps: float = Field(1e-8, gt=0.0)
     max_grad_norm: float | None = Field(1.0, gt=0.0, description="None = no clipping")
     warmup_steps: int = Field(0, ge=0, description="linear warm-up of the lr over optimizer steps")
+    ess_lr: bool = Field(
+        False,
+        description="VCPO: each learner step's lr times the effective-sample-size fraction "
+        "(sum w)^2 / (n sum w^2) of its trajectories' importance ratios pi_old / mu",
+    )
 
 
 class CriticConfig(_Strict):

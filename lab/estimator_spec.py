@@ -36,6 +36,9 @@ class EstimatorSpec(BaseModel):
         "trainer", description="pi_old: the trainer's detached log-probs or the sampler's")
     loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
     score_centering: ScoreCenteringConfig | None = None
+    baseline: Literal["mean", "min_variance"] = Field(
+        "mean", description="min_variance: VCPO's baseline, group means weighted by w^2")
+    ess_lr: bool = Field(False, description="VCPO: each estimate times its batch's ESS fraction")
     description: str = ""
 
 
@@ -81,6 +84,10 @@ PRESETS: dict[str, EstimatorSpec] = {
                    correction_low=0.5, correction_high=2.0, correction_entropy=True),
         description="IcePop with entropy-conditioned bounds: 0.5 and 2 at 1 nat, "
                     "log-bounds scaled by sqrt((1 - e^-H) / (1 - e^-1))"),
+    "vcpo": EstimatorSpec(
+        loss=_loss(**_REINFORCE, **_SEQ_IS, correction_high=INF), baseline="min_variance",
+        ess_lr=True,
+        description="VCPO: trajectory IS, w^2-weighted RLOO baseline, step scaled by the ESS"),
     "gspo": EstimatorSpec(
         proximal="sampler", loss=_loss(surrogate="gspo", **_GSPO),
         description="GSPO: sequence ratio (geometric mean of pi/mu), clip 0.2"),

@@ -25,7 +25,7 @@ import torch
 
 from lab.estimator_spec import EstimatorSpec
 from lab.policy import ChainSpec
-from lab.sampler import SampledBatch
+from lab.sampler import SampledBatch, trajectory_log_weights
 from learner.advantages import outcome_advantages
 from learner.losses import (
     LossOutput,
@@ -48,11 +48,17 @@ class Estimates:
 
 
 def advantages_for(estimator: EstimatorSpec, rewards_N: torch.Tensor,
-                   group_ids_N: torch.Tensor) -> torch.Tensor:
-    """Per-row advantages; groups are never shared between replicates."""
+                   group_ids_N: torch.Tensor, log_ratio_N: torch.Tensor | None = None
+                   ) -> torch.Tensor:
+    """Per-row advantages; groups are never shared between replicates. `log_ratio_N` (log
+    pi / mu per response) weights the baselines with `baseline = "min_variance"`."""
     if estimator.advantage == "raw":
         return rewards_N.double()
-    return outcome_advantages(rewards_N.double(), group_ids_N, estimator.advantage).double()
+    weights = None
+    if estimator.baseline == "min_variance":
+        weights = torch.exp(2.0 * (log_ratio_N - log_ratio_N.max()))
+    return outcome_advantages(rewards_N.double(), group_ids_N, estimator.advantage,
+                              baseline_weights_B=weights).double()
 
 
 def estimate_gradients(spec: ChainSpec, theta_P_S_V: torch.Tensor, batch: SampledBatch,
@@ -74,7 +80,10 @@ def estimate_gradients(spec: ChainSpec, theta_P_S_V: torch.Tensor, batch: Sample
                          f"{replicate_size}")
     keep_N = torch.ones(n, dtype=torch.bool) if keep_N is None else keep_N
     group_ids_N = torch.where(keep_N, batch.group_ids_N, -1 - torch.arange(n))
-    advantages_N = advantages_for(estimator, rewards_N, group_ids_N)
+    log_ratio_N = None
+    if estimator.baseline == "min_variance" or estimator.ess_lr:
+        log_ratio_N = trajectory_log_weights(batch, theta_P_S_V.detach()).double().clamp(-50, 50)
+    advantages_N = advantages_for(estimator, rewards_N, group_ids_N, log_ratio_N)
     if weights_N is not None:
         advantages_N = advantages_N * weights_N.double()
     mask_N_T = batch.mask_N_T & keep_N.unsqueeze(1)
@@ -94,7 +103,15 @@ def estimate_gradients(spec: ChainSpec, theta_P_S_V: torch.Tensor, batch: Sample
             metric_sums[key] = metric_sums.get(key, 0.0) + value * weight
         metric_weights += weight
     metrics = {k: v / metric_weights for k, v in metric_sums.items()}
-    return Estimates(torch.cat(gradients), metrics, time.perf_counter() - started)
+    gradients_M_D = torch.cat(gradients)
+    if estimator.ess_lr:  # VCPO: each estimate (one step's update) times its batch's ESS
+        w_M_B = torch.exp(log_ratio_N - log_ratio_N.max()).where(
+            keep_N, torch.zeros_like(log_ratio_N)).reshape(replicates, replicate_size)
+        kept_M = keep_N.reshape(replicates, replicate_size).sum(1).clamp(min=1).double()
+        ess_M = w_M_B.sum(1) ** 2 / (kept_M * (w_M_B * w_M_B).sum(1)).clamp(min=1e-300)
+        gradients_M_D = gradients_M_D * ess_M[:, None]
+        metrics["vcpo/ess_lr_scale"] = float(ess_M.mean())
+    return Estimates(gradients_M_D, metrics, time.perf_counter() - started)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ Pure functions of tensors; nothing here carries a gradient (outputs are detached
 Guarantees:
 - `outcome_advantages`: a group of one member gets advantage exactly 0 under every estimator;
   GRPO's std is the unbiased (n - 1) group std; `dr_grpo` = (n - 1) / n * `rloo` for a group
-  of size n.
+  of size n. With `baseline_weights` (VCPO's minimum-variance baseline for off-policy data,
+  the weights being squared importance ratios) each baseline is the weighted mean instead of
+  the plain one (leave-one-out for `rloo`); equal weights give the plain estimators exactly.
 - `trajectory_advantages`: rows of one trajectory (template-forced segments) are one group
   member and share its advantage.
 - `gae`: positions with mask 0 (tool output, prompt, padding) are skipped, not treated as
@@ -51,12 +53,16 @@ def outcome_advantages(
     group_ids_B: GroupIds,
     estimator: OutcomeEstimator | str,
     eps: float = 1e-6,
+    baseline_weights_B: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-sequence advantages from outcome rewards and group membership.
 
     grpo:    (r - group mean) / (unbiased group std + eps)
     dr_grpo: r - group mean
     rloo:    r_i - mean of the other members of i's group
+    With `baseline_weights_B` (>= 0) the means are weighted by them (GRPO's std stays the
+    plain one); a leave-one-out baseline whose other members all weigh 0 falls back to their
+    plain mean.
     """
     if estimator not in ("grpo", "dr_grpo", "rloo"):
         hint = (
@@ -82,10 +88,23 @@ def outcome_advantages(
     n_B = counts_G[index_B]
     mean_B = (sums_G / counts_G)[index_B]
     singleton_B = n_B < 2
+    others_mean_B = (sums_G[index_B] - rewards_B) / (n_B - 1).clamp(min=1)
+    if baseline_weights_B is not None:
+        w_B = baseline_weights_B.detach().to(rewards_B.dtype).clamp(min=0.0)
+        if w_B.shape != rewards_B.shape:
+            raise ValueError(f"baseline_weights_B has shape {tuple(w_B.shape)}, rewards_B "
+                             f"{tuple(rewards_B.shape)}")
+        w_G = _group_sums(w_B, index_B, groups)
+        wr_G = _group_sums(w_B * rewards_B, index_B, groups)
+        mean_B = torch.where(w_G[index_B] > 0, wr_G[index_B] / w_G[index_B].clamp(min=1e-300),
+                             mean_B)
+        others_w_B = w_G[index_B] - w_B
+        others_mean_B = torch.where(
+            others_w_B > 0, (wr_G[index_B] - w_B * rewards_B) / others_w_B.clamp(min=1e-300),
+            others_mean_B)
     if estimator == "dr_grpo":
         advantages_B = rewards_B - mean_B
     elif estimator == "rloo":
-        others_mean_B = (sums_G[index_B] - rewards_B) / (n_B - 1).clamp(min=1)
         advantages_B = rewards_B - others_mean_B
     else:
         squares_G = _group_sums((rewards_B - mean_B) ** 2, index_B, groups)
@@ -101,13 +120,15 @@ def trajectory_advantages(
     estimator: OutcomeEstimator | str,
     eps: float = 1e-6,
     peers: Sequence[tuple[object, float]] = (),
+    baseline_weights_B: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`outcome_advantages` where each trajectory is one group member, whatever its rows.
 
     A trajectory whose chat template forced several training segments spans several rows
     (same trajectory id, same reward); the group baseline counts it once and every one of its
     rows gets its advantage. `peers` are (group_id, reward) of admitted members outside the
-    batch (streamed groups): they enter the baselines of groups present in the batch only.
+    batch (streamed groups): they enter the baselines of groups present in the batch only,
+    with weight 1 under `baseline_weights_B` (a trajectory's weight is its first row's).
     """
     first_row: dict[object, int] = {}
     for row, trajectory in enumerate(trajectory_ids_B):
@@ -121,7 +142,12 @@ def trajectory_advantages(
         torch.tensor([r for _, r in outside], dtype=rewards_B.dtype, device=rewards_B.device),
     ])
     groups = [group_ids_B[row] for row in rows] + [g for g, _ in outside]
-    advantages = outcome_advantages(rewards, groups, estimator, eps)
+    weights = None
+    if baseline_weights_B is not None:
+        weights = torch.cat([baseline_weights_B[rows].to(rewards.dtype),
+                             torch.ones(len(outside), dtype=rewards.dtype,
+                                        device=rewards.device)])
+    advantages = outcome_advantages(rewards, groups, estimator, eps, weights)
     member_of_row = torch.tensor([member[t] for t in trajectory_ids_B], device=rewards_B.device)
     return advantages[member_of_row]
 

@@ -399,6 +399,40 @@ def behaviour_weights(
                                scale)
 
 
+def trajectory_log_ratios(
+    proximal_logprobs_B_T: torch.Tensor,
+    sampler_logprobs_B_T: torch.Tensor,
+    mask_B_T: torch.Tensor,
+    trajectory_index_B: torch.Tensor,
+) -> torch.Tensor:
+    """log prod_t pi_old / mu over each trajectory's sampled tokens (all its rows), given on
+    every row of it, float64, clamped to +-50 (VCPO's ratios: its baseline and ESS)."""
+    mask = mask_B_T.to(torch.bool)
+    per_row = torch.where(
+        mask, proximal_logprobs_B_T.detach().double() - sampler_logprobs_B_T.detach().double(),
+        torch.zeros((), dtype=torch.float64, device=mask.device)).sum(-1)
+    count = int(trajectory_index_B.max().item()) + 1 if trajectory_index_B.numel() else 0
+    per_trajectory = torch.zeros(count, dtype=torch.float64, device=mask.device).index_add_(
+        0, trajectory_index_B, per_row)
+    return per_trajectory[trajectory_index_B].clamp(-50.0, 50.0)
+
+
+def ess_sums(log_ratio_B: torch.Tensor, trajectory_index_B: torch.Tensor) -> torch.Tensor:
+    """(n, sum w, sum w^2) over the distinct trajectories of the rows, w = exp(log ratio):
+    summed over data-parallel ranks, they give the ESS fraction (sum w)^2 / (n sum w^2)."""
+    first = torch.zeros(int(trajectory_index_B.max().item()) + 1 if trajectory_index_B.numel()
+                        else 0, dtype=torch.float64, device=log_ratio_B.device)
+    first = first.index_copy(0, trajectory_index_B, log_ratio_B.double())
+    w = torch.exp(first)
+    return torch.stack([torch.tensor(float(w.numel()), dtype=torch.float64), w.sum(),
+                        (w * w).sum()])
+
+
+def ess_fraction(sums: torch.Tensor) -> float:
+    n, total, squares = (float(x) for x in sums)
+    return total * total / (n * squares) if n > 0 and squares > 0 else 1.0
+
+
 def _clipped_ratio_loss(
     ratio: torch.Tensor, adv: torch.Tensor, low: float, high: float, dual_clip: float | None
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -60,10 +60,13 @@ from learner.losses import (
     aggregate,
     aggregation_denominator,
     behaviour_weights,
+    ess_fraction,
+    ess_sums,
     policy_loss,
     score_centering_loss,
     sequence_tokens,
     token_entropy,
+    trajectory_log_ratios,
 )
 from learner.metrics import MetricsSink, StepReport
 from learner.model import Precision, ValueModel, load_policy, policy_outputs
@@ -124,6 +127,9 @@ class StepTensors:
     advantages: torch.Tensor
     returns_B_Tm1: torch.Tensor | None
     proximal_entropy_B_Tm1: torch.Tensor | None = None  # with `loss.correction_entropy`
+    # each row's trajectory's log importance ratio log pi_old - log mu over its sampled tokens
+    # (VCPO: `advantage.baseline = "min_variance"`, `optimizer.ess_lr`)
+    trajectory_log_ratio_B: torch.Tensor | None = None
 
     def advantages_of(self, rows: slice, length: int) -> torch.Tensor:
         a = self.advantages
@@ -196,6 +202,7 @@ class Learner:
         self.step = step
         self.last_sequence = last_sequence
         self.optimizer_steps = 0
+        self.lr_scale = 1.0  # VCPO (`optimizer.ess_lr`): set per learner step
         # called with (step, version, samples, log-probs B x T-1) after each no-grad pass
         self.logprob_observers: list[Callable[..., None]] = []
 
@@ -291,6 +298,11 @@ class Learner:
                                   selection_B.to(self.device))
         t_proximal = time.perf_counter() - t0
         self._observe_logprobs(kept[:len(kept) - placeholders], step.proximal_logprobs_B_Tm1)
+        self.lr_scale = 1.0
+        if self.cfg.optimizer.ess_lr:  # VCPO: the step's lr times its ratios' ESS fraction
+            real = batch.size - placeholders
+            self.lr_scale = ess_fraction(self.workers.sum(ess_sums(
+                step.trajectory_log_ratio_B[:real], batch.trajectory_index_B[:real])))
         gaps = self._precision_gaps(step) if self.cfg.gap_probe else {}
 
         t0 = time.perf_counter()
@@ -310,6 +322,7 @@ class Learner:
             **extra,
             **self._step_metrics(step, step_losses, grad_norms),
             **gaps,
+            **({"learner/ess_lr_scale": self.lr_scale} if self.cfg.optimizer.ess_lr else {}),
             "time/proximal_s": t_proximal,
             "time/update_s": t_update,
             "perf/tokens_per_s": self.cfg.epochs
@@ -432,21 +445,30 @@ class Learner:
         self.policy.train()
         cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
         old_values = cat(values)
-        advantages, returns = self._advantages(batch, rewards_B, old_values, baseline_peers)
+        log_ratio_B = None
+        if self.cfg.advantage.baseline == "min_variance" or self.cfg.optimizer.ess_lr:
+            log_ratio_B = trajectory_log_ratios(cat(proximal), batch.sampler_logprobs_B_Tm1,
+                                                batch.loss_mask_B_Tm1, batch.trajectory_index_B)
+        advantages, returns = self._advantages(batch, rewards_B, old_values, baseline_peers,
+                                               log_ratio_B)
         if selection_B is not None and bool((selection_B != 1).any()):
             scale = selection_B.to(advantages.dtype)
             advantages = advantages * (scale if advantages.dim() == 1 else scale[:, None])
         return StepTensors(batch, cat(proximal), cat(reference), old_values, advantages, returns,
-                           cat(entropy))
+                           cat(entropy), log_ratio_B)
 
     def _advantages(
         self, batch: PaddedBatch, rewards_B: torch.Tensor, old_values: torch.Tensor | None,
         baseline_peers: Sequence[tuple[object, float]],
+        log_ratio_B: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         a = self.cfg.advantage
         if a.estimator != "gae":
+            weights = None
+            if a.baseline == "min_variance":  # w^2, scaled by the largest for range
+                weights = torch.exp(2.0 * (log_ratio_B - log_ratio_B.max())).to(rewards_B.dtype)
             advantages = trajectory_advantages(rewards_B, batch.group_ids, batch.trajectory_ids,
-                                               a.estimator, a.eps, baseline_peers)
+                                               a.estimator, a.eps, baseline_peers, weights)
             return advantages, None
         assert old_values is not None
         mask = batch.loss_mask_B_Tm1
@@ -619,10 +641,10 @@ class Learner:
     def _clip_and_step(self) -> float:
         opt = self.cfg.optimizer
         self.optimizer_steps += 1
-        if opt.warmup_steps:
-            scale = min(1.0, self.optimizer_steps / opt.warmup_steps)
+        if opt.warmup_steps or opt.ess_lr:
+            scale = min(1.0, self.optimizer_steps / opt.warmup_steps) if opt.warmup_steps else 1.0
             for group in self.optimizer.param_groups:
-                group["lr"] = opt.lr * scale
+                group["lr"] = opt.lr * scale * self.lr_scale
         norm = torch.nn.utils.clip_grad_norm_(
             self.policy.parameters(), opt.max_grad_norm or math.inf
         )

@@ -236,3 +236,26 @@ def test_entropy_conditioned_icepop_masks_less_under_numerics_noise():
     gap_se = (fixed["bias_se"] ** 2 + conditioned["bias_se"] ** 2) ** 0.5
     assert conditioned["bias"] < fixed["bias"] + 3 * gap_se, (fixed, conditioned)
     assert conditioned["variance"] > fixed["variance"]
+
+
+def test_vcpo_baseline_keeps_trajectory_is_unbiased_and_the_ess_step_trades_scale_for_variance():
+    """Under a stale sampler (4 updates old) at T = 16: VCPO's w^2-weighted baseline leaves
+    exact trajectory IS unbiased and lowers its variance; scaling each step by its batch's ESS
+    shrinks the update to about the ESS fraction and cuts the variance by far more, keeping
+    its direction."""
+    cfg = lab_config(estimators={"replicates": 2000})
+    baseline_only = PRESETS["vcpo"].model_copy(update={"ess_lr": False})
+    world = build_world(cfg.policy, cfg.reward, 16)
+    section = MismatchSection(kind="stale", levels=[4.0], step_norm=1.0)
+    rows = {r["estimator"]: r for r in run_cell(
+        cfg, world, section, 4.0, {"trajectory_is": PRESETS["trajectory_is"],
+                                   "baseline": baseline_only, "vcpo": PRESETS["vcpo"]}, 0)}
+    plain, weighted, vcpo = rows["trajectory_is"], rows["baseline"], rows["vcpo"]
+    assert abs(weighted["bias_z"]) < 3 and abs(plain["bias_z"]) < 3
+    spread = (plain["variance_se"] ** 2 + weighted["variance_se"] ** 2) ** 0.5
+    assert plain["variance"] - weighted["variance"] > 3 * spread, (plain, weighted)
+    step = vcpo["metrics"]["vcpo/ess_lr_scale"]
+    assert 0.3 < step < 0.8
+    assert vcpo["scale"] == pytest.approx(step * weighted["scale"], rel=0.1)
+    assert vcpo["variance"] < 0.5 * weighted["variance"]
+    assert vcpo["cosine"] > plain["cosine"] - 0.01

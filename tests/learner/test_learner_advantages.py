@@ -131,3 +131,28 @@ def test_zero_variance_groups_keeps_only_groups_with_varying_rewards():
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 0.2])
     keep = zero_variance_groups(rewards, ["a", "a", "b", "b", "c", "c", "d"])
     assert keep.tolist() == [False, False, True, True, False, False, False]
+
+
+def test_min_variance_baseline_weights_the_group_means():
+    """VCPO's baseline: the group mean weighted by squared importance ratios. Equal weights give
+    the plain estimators; all weight on one member makes it the baseline."""
+    from learner.advantages import outcome_advantages
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64)
+    groups = [0, 0, 0, 0]
+    for estimator in ("grpo", "dr_grpo", "rloo"):
+        plain = outcome_advantages(rewards, groups, estimator)
+        same = outcome_advantages(rewards, groups, estimator,
+                                  baseline_weights_B=torch.full((4,), 3.0))
+        torch.testing.assert_close(same, plain)
+    weights = torch.tensor([4.0, 1.0, 1.0, 0.0], dtype=torch.float64)
+    dr = outcome_advantages(rewards, groups, "dr_grpo", baseline_weights_B=weights)
+    torch.testing.assert_close(dr, rewards - 4.0 / 6.0)
+    loo = outcome_advantages(rewards, groups, "rloo", baseline_weights_B=weights)
+    # member 0's others weigh 1, 1, 0 (mean 0); member 3's others weigh 4, 1, 1 (mean 4/6)
+    torch.testing.assert_close(loo, torch.tensor([1.0, -0.8, -0.8, 1 - 4 / 6],
+                                                 dtype=torch.float64))
+    # a member whose others all weigh 0 falls back to their plain mean
+    lone = outcome_advantages(rewards[:2], [0, 0], "rloo",
+                              baseline_weights_B=torch.tensor([0.0, 0.0]))
+    torch.testing.assert_close(lone, torch.tensor([1.0, -1.0], dtype=torch.float64))

@@ -317,3 +317,36 @@ def test_entropy_conditioned_mask_uses_pi_old_entropy(tiny, rl_samples):
     assert "loss/masked_frac" in report.metrics
     assert Learner(tiny, _config())._step_tensors(
         batch, torch.tensor([s.reward for s in rl_samples]), ()).proximal_entropy_B_Tm1 is None
+
+
+def _off_policy(samples, seed=3, spread=0.4):
+    """The samples with their sampler log-probs shifted per token, as a stale sampler's."""
+    g = np.random.default_rng(seed)
+    out = []
+    for s in samples:
+        noise = g.normal(0.0, spread, s.sampler_logprobs.shape).astype(np.float32)
+        out.append(replace(s, sampler_logprobs=s.sampler_logprobs + noise * s.loss_mask))
+    return out
+
+
+def test_vcpo_min_variance_baseline_and_ess_scaled_lr(tiny, rl_samples):
+    """VCPO: off-policy ratios change the group baselines and shrink the step's lr by the ESS
+    fraction of the trajectories' ratios; on-policy samples leave both as they were."""
+    stale = _off_policy(rl_samples)
+    rewards = torch.tensor([s.reward for s in rl_samples])
+    mean_cfg = _config(advantage=dict(estimator="dr_grpo"))
+    vcpo_cfg = _config(advantage=dict(estimator="dr_grpo", baseline="min_variance"),
+                       optimizer=dict(lr=3e-3, max_grad_norm=None, ess_lr=True))
+    plain = Learner(tiny, mean_cfg)._step_tensors(collate(stale, 0), rewards, ())
+    vcpo_learner = Learner(tiny, vcpo_cfg)
+    vcpo = vcpo_learner._step_tensors(collate(stale, vcpo_learner.pad_id), rewards, ())
+    assert not torch.allclose(vcpo.advantages, plain.advantages)
+    assert vcpo.trajectory_log_ratio_B is not None
+    report = vcpo_learner.rl_step(stale)
+    scale = report.metrics["learner/ess_lr_scale"]
+    assert 0 < scale < 0.9
+    assert vcpo_learner.optimizer.param_groups[0]["lr"] == pytest.approx(3e-3 * scale)
+    on_policy = Learner(tiny, vcpo_cfg).rl_step(rl_samples)
+    assert on_policy.metrics["learner/ess_lr_scale"] > 0.99
+    with pytest.raises(ValueError, match="min_variance"):
+        _config(advantage=dict(estimator="gae", baseline="min_variance"))

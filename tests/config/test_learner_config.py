@@ -24,6 +24,7 @@ def test_policy_loss_config_has_exactly_the_documented_fields():
         "correction_level",
         "correction_low",
         "correction_high",
+        "correction_entropy",
         "ratio_base",
         "masked_in_denominator",
         "aggregation",

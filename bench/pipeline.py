@@ -22,7 +22,11 @@ learner's time per trajectory:
                 batch / learner_s)
 
 where a trajectory's duration is its tool latencies plus its decode time with no queueing
-(prefill and store costs are left out, so the bound is optimistic). "learner busy" is the
+(prefill and store costs are left out, so the bound is optimistic). The async modes keep the
+work dispatched and not yet consumed within (max_lag + 1) batches (the staleness bound), so
+the "lag ideal" puts min(slots, (max_lag + 1) * batch) in place of slots: what an async mode
+could reach with that bound and no other loss. After the table, the seconds each async mode's
+dispatch waited, by what held it first (concurrency, queue, staleness, pacing). "learner busy" is the
 share of wall time the learner spent in steps; "engine active" the share with at least one
 request in progress (not how full its slots were).
 
@@ -86,6 +90,7 @@ class Bound:
     learner_per_s: float
     mean_duration_s: float
     kept: float
+    lag_bounded_per_s: float = 0.0  # the same bound with at most (max_lag + 1) batches in flight
 
     @property
     def limit(self) -> str:
@@ -121,8 +126,12 @@ def ideal_bound(args, *, learner_s: float) -> Bound:
     generation = args.slots / mean_duration * kept
     engine = args.engine_slots / mean_decode * kept
     learner = args.batch / learner_s
+    # the async modes' staleness bound keeps dispatched-but-unconsumed work within
+    # (max_lag + 1) batches, so at most that many trajectories generate at once
+    in_flight = min(args.slots, (args.max_lag + 1) * args.batch)
+    lag_bounded = min(in_flight / mean_duration * kept, engine, learner)
     return Bound(min(generation, engine, learner), generation, engine, learner, mean_duration,
-                 kept)
+                 kept, lag_bounded)
 
 
 async def no_sandbox(spec, trajectory_id):
@@ -181,14 +190,16 @@ def run_mode(mode: str, kv: str, batch_kind: str, args, directory: Path, *,
                 difficulty_tv=skew.difficulty_tv, duration_tv=skew.duration_tv,
                 weighted_difficulty_tv=skew.weighted_difficulty_tv,
                 weighted_duration_tv=skew.weighted_duration_tv,
-                update_pause_s=engine.update_pause_s, generated=pipeline.stats.dispatched)
+                update_pause_s=engine.update_pause_s, generated=pipeline.stats.dispatched,
+                held_s=dict(pipeline.stats.held_s))
 
 
 def print_table(rows: list[dict], bound: Bound, weighted: bool = False) -> None:
     """One line per mode; with `weighted` (--reweight propensity) the TVs of the admitted mix
     weighted by its selection weights, what the learner's loss sees, follow the plain ones."""
     sync = rows[0]["admitted_per_s"]
-    header = ("mode", "wall s", "adm/s", "x sync", "of ideal", "learner busy", "engine active",
+    header = ("mode", "wall s", "adm/s", "x sync", "of ideal", "of lag ideal", "learner busy",
+              "engine active",
               "lag mean", "lag max", "difficulty TV", "duration TV", "update pause s",
               "generated") + (("weighted diff TV", "weighted dur TV") if weighted else ())
     print("  ".join(f"{h:>13}" for h in header))
@@ -196,6 +207,8 @@ def print_table(rows: list[dict], bound: Bound, weighted: bool = False) -> None:
         values = (r["mode"], f"{r['wall_s']:.1f}", f"{r['admitted_per_s']:.2f}",
                   f"{r['admitted_per_s'] / sync:.2f}",
                   f"{100 * r['admitted_per_s'] / bound.per_s:.0f}%",
+                  f"{100 * r['admitted_per_s'] / bound.lag_bounded_per_s:.0f}%"
+                  if r["mode"].startswith(("async", "inflight")) else "-",
                   f"{100 * r['learner_busy']:.0f}%", f"{100 * r['engine_busy']:.0f}%",
                   f"{r['mean_lag']:.2f}", str(r["max_lag"]), f"{r['difficulty_tv']:.3f}",
                   f"{r['duration_tv']:.3f}", f"{r['update_pause_s']:.2f}", str(r["generated"]))
@@ -204,11 +217,23 @@ def print_table(rows: list[dict], bound: Bound, weighted: bool = False) -> None:
         print("  ".join(f"{v:>13}" for v in values))
 
 
+def print_holds(rows: list[dict]) -> None:
+    """Where each async mode's dispatch waited: seconds by what held it (the first reason)."""
+    print("dispatch held, seconds of wall time by what held it (async modes):")
+    for r in rows:
+        if r["held_s"]:
+            held = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["held_s"].items(),
+                                                             key=lambda kv: -kv[1]))
+            print(f"  {r['mode']:>18}: {held} (of {r['wall_s']:.1f} s)")
+
+
 def describe_bound(bound: Bound, learner_s: float) -> str:
     return (f"ideal {bound.per_s:.2f} adm/s, set by the {bound.limit} (generation "
             f"{bound.generation_per_s:.2f}, engine {bound.engine_per_s:.2f}, learner "
             f"{bound.learner_per_s:.2f} at {learner_s} s per step; mean trajectory "
-            f"{bound.mean_duration_s:.2f} s unqueued, {100 * bound.kept:.0f}% of groups kept)")
+            f"{bound.mean_duration_s:.2f} s unqueued, {100 * bound.kept:.0f}% of groups kept); "
+            f"lag ideal {bound.lag_bounded_per_s:.2f} adm/s (the same with at most "
+            f"(max_lag + 1) batches in flight, the async modes' staleness bound)")
 
 
 def main() -> None:
@@ -251,6 +276,7 @@ def main() -> None:
               f"k = 1..{args.max_k}")
         print(describe_bound(bound, args.learner_s))
         print_table(rows, bound, weighted=args.reweight != "none")
+        print_holds(rows)
         curve = []
         for learner_s in sweep:
             sync = run_mode("sync", "recompute", "slots", args, Path(directory),

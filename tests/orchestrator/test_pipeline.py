@@ -435,3 +435,14 @@ def test_pacing_holds_dispatch_and_never_deadlocks(sqlite_url):
     check_stream(store, learner, steps=8)
     assert pipeline.stats.paced_switches > 0
     assert {e.weight for e in rows(store, s.StreamEntry)} == {1.0}  # pacing alone: no weights
+
+
+def test_dispatch_waits_are_charged_to_what_held_them(sqlite_url):
+    """A slow learner and max_lag 0: async dispatch waits on the staleness bound, and the
+    pipeline says so (seconds by reason, what bench/pipeline.py prints)."""
+    _, _, _, pipeline = run_pipeline(
+        sqlite_url, {"admission": {"max_lag": 0}, "pipeline": {"mode": "async", "steps": 3}},
+        step_s=0.1)
+    held = pipeline.stats.held_s
+    assert held["staleness"] > 0.1
+    assert set(held) <= {"engine", "concurrency", "queue", "pacing", "staleness"}

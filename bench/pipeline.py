@@ -26,7 +26,9 @@ where a trajectory's duration is its tool latencies plus its decode time with no
 work dispatched and not yet consumed within (max_lag + 1) batches (the staleness bound), so
 the "lag ideal" puts min(slots, (max_lag + 1) * batch) in place of slots: what an async mode
 could reach with that bound and no other loss. After the table, the seconds each async mode's
-dispatch waited, by what held it first (concurrency, queue, staleness, pacing). "learner busy" is the
+dispatch waited, by what held it first (concurrency, queue, staleness, pacing). `--orders`
+adds async rows under other `[admission] order`s (the order decided groups enter the learner
+stream): their throughput and ledger skew. "learner busy" is the
 share of wall time the learner spent in steps; "engine active" the share with at least one
 request in progress (not how full its slots were).
 
@@ -41,6 +43,7 @@ with a run without it.
 
     .venv/bin/python bench/pipeline.py [--steps 16] [--batch 16] [--quick] [--sweep 0.1,0.4,1.6]
                                        [--reweight propensity] [--pacing 0.05]
+                                       [--orders in_order,weight_fifo]
 """
 
 from __future__ import annotations
@@ -139,7 +142,7 @@ async def no_sandbox(spec, trajectory_id):
 
 
 def run_mode(mode: str, kv: str, batch_kind: str, args, directory: Path, *,
-             learner_s: float) -> dict:
+             learner_s: float, order: str = "ready_first") -> dict:
     """One run of the real pipeline; every mode consumes steps * batch trajectories."""
     batch = args.slots if batch_kind == "slots" else args.batch
     total = args.steps * args.batch
@@ -148,11 +151,12 @@ def run_mode(mode: str, kv: str, batch_kind: str, args, directory: Path, *,
     cfg = parse_config({
         "rollout": {"group_size": args.group, "max_concurrent": args.slots},
         "admission": {"max_lag": args.max_lag, "stale": "drop", "zero_variance": "drop",
-                      "reweight": args.reweight, "pacing_tv": args.pacing},
+                      "reweight": args.reweight, "pacing_tv": args.pacing,
+                      "order": order},
         "learner": {"batch_size": batch},
         "pipeline": {"mode": mode, "kv": kv, "steps": steps, "max_queue": 4 * batch},
     })
-    name = f"{mode}-{kv}-{batch}-{learner_s}"
+    name = f"{mode}-{kv}-{batch}-{learner_s}-{order}"
     store = Store.open(f"sqlite:///{directory / f'{name}.db'}", create=True)
     store.create_run(name, name=name, config=cfg.model_dump(mode="json"), pipeline_mode=mode)
     family = make_family(args)
@@ -256,6 +260,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="4 steps of 8 (a smoke run)")
     parser.add_argument("--reweight", choices=("none", "propensity"), default="none",
                         help="[admission] reweight; propensity adds the weighted mix's TVs")
+    parser.add_argument("--orders", default="",
+                        help="also run async under these [admission] orders, e.g. "
+                             "in_order,weight_fifo (ready_first is the default row)")
     parser.add_argument("--pacing", type=float, default=None, metavar="TV",
                         help="[admission] pacing_tv: hold dispatch while the admitted mix is "
                              "further than TV from the generated one")
@@ -277,6 +284,20 @@ def main() -> None:
         print(describe_bound(bound, args.learner_s))
         print_table(rows, bound, weighted=args.reweight != "none")
         print_holds(rows)
+        orders = [o for o in args.orders.split(",") if o.strip()]
+        if orders:
+            print(f"\nadmission orders, async: the order decided groups enter the learner "
+                  f"stream (ready_first is the async row above)")
+            print("  ".join(f"{h:>13}" for h in ("order", "adm/s", "of lag ideal", "lag mean",
+                                                  "difficulty TV", "duration TV")))
+            for order in orders:
+                r = run_mode("async", "recompute", "batch", args, Path(directory),
+                             learner_s=args.learner_s, order=order.strip())
+                print("  ".join(f"{v:>13}" for v in (
+                    order, f"{r['admitted_per_s']:.2f}",
+                    f"{100 * r['admitted_per_s'] / bound.lag_bounded_per_s:.0f}%",
+                    f"{r['mean_lag']:.2f}", f"{r['difficulty_tv']:.3f}",
+                    f"{r['duration_tv']:.3f}")), flush=True)
         curve = []
         for learner_s in sweep:
             sync = run_mode("sync", "recompute", "slots", args, Path(directory),

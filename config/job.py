@@ -139,6 +139,17 @@ class AdmissionConfig(Section):
         "(by difficulty or by duration quartile); the learner then waits for the slow work in "
         "flight instead of outrunning it. None = off")
     pacing_window: int = Field(256, ge=32, description="decided trajectories pacing looks at")
+    order: Literal["ready_first", "in_order", "weight_fifo"] = Field(
+        "ready_first", description="the order decided groups enter the learner stream: as "
+        "they are decided, in dispatch order, or older weights first (orchestrator/release.py)")
+
+
+    @model_validator(mode="after")
+    def _order_needs_whole_groups(self) -> "AdmissionConfig":
+        if self.order != "ready_first" and self.group_completion != "wait":
+            raise ValueError(f"admission.order = {self.order!r} releases whole decided groups; "
+                             "it needs group_completion = \"wait\" (or order = \"ready_first\")")
+        return self
 
 
 class PipelineConfig(Section):

@@ -45,6 +45,7 @@ from orchestrator.engines.pinning import PinOnFirstCall
 from orchestrator.groups import GroupState, member_outcome
 from orchestrator.inflight import InFlight
 from orchestrator.recorder import SqlRecorder, outcome_values
+from orchestrator.release import ReleaseOrder
 from orchestrator.rollout import RolloutOptions, run_trajectory
 from orchestrator.rollout_types import StopReason, TrajectoryOutcome
 from orchestrator.writer import StoreWriter
@@ -157,6 +158,10 @@ class Pipeline:
                           if admission.reweight == "propensity" or admission.pacing_tv
                           else None)
         self.paced = False  # pacing holds dispatch (the admitted mix is off by more than the TV)
+        # [admission] order other than ready_first: decided groups wait for their turn here
+        self.release = (ReleaseOrder(admission.order) if admission.order != "ready_first"
+                        else None)
+        self._held: dict[int, GroupState] = {}
         self.rl_started: float | None = None  # when run() began: the budget's clock
         self.in_flight = 0
         self.undecided = 0  # dispatched members whose decision is not stored yet
@@ -355,6 +360,8 @@ class Pipeline:
             for trajectory_id in trajectory_ids:
                 self.unfinished.add(trajectory_id, task)
         group = GroupState(group_id, task, instance_id, size, version)
+        if self.release is not None:
+            self.release.opened(group_id, version)
         self.undecided += size
         for sample, trajectory_id in enumerate(trajectory_ids):
             group.attempts[sample] = 0
@@ -411,16 +418,33 @@ class Pipeline:
 
     async def _decide(self, group: GroupState, sample: int) -> None:
         admission = self.cfg.admission
-        max_tokens = group.task.limits.max_generated_tokens
-        version = self._training_version()
-        if admission.group_completion == "wait":
-            if not group.complete() or group.decided:
-                return
-            members = [group.finished[i] for i in sorted(group.finished)]
-            decisions = decide_group(members, admission, version, max_tokens=max_tokens,
-                                     max_attempts=MAX_ATTEMPTS)
-        else:
-            decisions = self._stream_decisions(group, sample, version, max_tokens)
+        if admission.group_completion == "stream":
+            version = self._training_version()
+            max_tokens = group.task.limits.max_generated_tokens
+            await self._settle(group, self._stream_decisions(group, sample, version, max_tokens))
+            return
+        if not group.complete() or group.decided:
+            return
+        if self.release is None:
+            await self._settle(group, self._group_decisions(group))
+            return
+        # [admission] order: the complete group waits for its turn; it and every group it
+        # unblocks are decided when they enter (their lag judged against the version then)
+        self._held[group.group_id] = group
+        for group_id in self.release.ready(group.group_id):
+            released = self._held.pop(group_id)
+            await self._settle(released, self._group_decisions(released))
+            if not released.decided:  # a member was requeued: it keeps its place in line
+                self.release.reopened(group_id, released.dispatch_version)
+
+    def _group_decisions(self, group: GroupState) -> list[Decision]:
+        members = [group.finished[i] for i in sorted(group.finished)]
+        return decide_group(members, self.cfg.admission, self._training_version(),
+                            max_tokens=group.task.limits.max_generated_tokens,
+                            max_attempts=MAX_ATTEMPTS)
+
+    async def _settle(self, group: GroupState, decisions: list[Decision]) -> None:
+        """Store the decisions, requeue what admission sent back, and close a complete group."""
         requeued = [d for d in decisions if d.action == "requeue"]
         if requeued:
             # Only the requeued members are decided now; the rest wait for their replacements.

@@ -3,6 +3,7 @@
     stalewise lab estimators CONFIG [--quick] [--json OUT] [--out-dir DIR]
     stalewise lab learning CONFIG [--quick] [--json OUT] [--out-dir DIR]
     stalewise lab selection CONFIG [--quick] [--json OUT] [--out-dir DIR]
+    stalewise lab turns CONFIG [--quick] [--json OUT] [--out-dir DIR]
 
 Each prints a table and writes JSON (the first two also PNG plots) (default directory: the config's
 `output_dir`). A bad config exits with status 2 and one line per problem.
@@ -89,3 +90,17 @@ def selection(config: Path = CONFIG_ARG, quick: bool = QUICK_OPT,
     rows = run_selection_lab(cfg, progress=_progress)
     typer.echo(render(selection_table(rows)))
     typer.echo("wrote " + str(write_json(rows, json_out or directory / "selection.json")))
+
+
+@app.command("turns")
+def turns(config: Path = CONFIG_ARG, quick: bool = QUICK_OPT,
+          json_out: Path | None = JSON_OPT, out_dir: Path | None = OUT_OPT) -> None:
+    """Per-turn rewards: bias and length bonus of each per-turn baseline."""
+    cfg = _load(config, quick)
+    from lab.report import render, turns_table, write_json
+    from lab.turns import run_turns_lab
+
+    directory = out_dir or Path(cfg.output_dir)
+    rows = run_turns_lab(cfg, progress=_progress)
+    typer.echo(render(turns_table(rows)))
+    typer.echo("wrote " + str(write_json(rows, json_out or directory / "turns.json")))

@@ -4,7 +4,8 @@ Sections: `[policy]` (the tractable Markov policy), `[reward]`, `[durations]` (t
 duration model), `[estimators]` (the bias/variance grid; `[[estimators.mismatch]]` entries and
 `[estimators.custom.NAME]` user-defined estimators), `[learning]` (the learning-per-compute
 simulation; `[[learning.modes]]` entries) and `[selection]` (admission's selection bias and its
-corrections). Each of the last three has a `quick` table whose set
+corrections) and `[turns]` (per-turn rewards and their baselines). Each of the last four has a
+`quick` table whose set
 fields replace the full run's values under `--quick`.
 
 Guarantees: unknown keys, bad choices and inconsistent values are refused with one line per
@@ -220,6 +221,33 @@ class SelectionSection(_Section):
         return self
 
 
+class TurnsQuick(_Section):
+    replicates: int | None = Field(None, ge=2)
+
+
+class TurnsSection(_Section):
+    """`stalewise lab turns`: per-turn rewards and their baselines (lab/turns.py)."""
+
+    horizon: int = Field(8, ge=2, le=256, description="turns (tokens) at most")
+    per_token: float = Field(1.0, gt=0.0, description="scale of the N(0, 1) reward of each turn")
+    turn_means: list[float] = Field(
+        default_factory=lambda: [0.0, -0.3, 0.3], min_length=1,
+        description="added to every turn's reward, one world each: < 0 a cost per turn, > 0 a "
+                    "gain per turn")
+    group_size: int = Field(4, ge=2)
+    batch_size: int = Field(16, ge=2, description="responses per estimate")
+    replicates: int = Field(4000, ge=2)
+    seed: int = 0
+    quick: TurnsQuick = Field(default_factory=TurnsQuick)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TurnsSection:
+        if self.batch_size % self.group_size:
+            raise ValueError(f"turns.batch_size ({self.batch_size}) must be a multiple of "
+                             f"turns.group_size ({self.group_size})")
+        return self
+
+
 class LabConfig(_Section):
     policy: PolicySection = Field(default_factory=PolicySection)
     reward: RewardSection = Field(default_factory=RewardSection)
@@ -227,6 +255,7 @@ class LabConfig(_Section):
     estimators: EstimatorsSection = Field(default_factory=EstimatorsSection)
     learning: LearningSection = Field(default_factory=LearningSection)
     selection: SelectionSection = Field(default_factory=SelectionSection)
+    turns: TurnsSection = Field(default_factory=TurnsSection)
     output_dir: str = Field("var/lab", description="JSON and plots are written here")
 
     @model_validator(mode="after")
@@ -266,11 +295,13 @@ class LabConfig(_Section):
             est_update["mismatch"] = [m.model_copy(update={"levels": thin_levels(
                 m.levels, est.quick.max_levels)}) for m in est.mismatch]
         learn_update = {k: v for k, v in learn.quick.model_dump().items() if v is not None}
-        sel = self.selection
+        sel, turns = self.selection, self.turns
         sel_update = {k: v for k, v in sel.quick.model_dump().items() if v is not None}
+        turns_update = {k: v for k, v in turns.quick.model_dump().items() if v is not None}
         return self.model_copy(update={"estimators": est.model_copy(update=est_update),
                                        "learning": learn.model_copy(update=learn_update),
-                                       "selection": sel.model_copy(update=sel_update)})
+                                       "selection": sel.model_copy(update=sel_update),
+                                       "turns": turns.model_copy(update=turns_update)})
 
 
 def thin_levels(levels: list[float], keep: int) -> list[float]:

@@ -65,6 +65,7 @@ def estimate_gradients(spec: ChainSpec, theta_P_S_V: torch.Tensor, batch: Sample
                        rewards_N: torch.Tensor, estimator: EstimatorSpec, replicate_size: int,
                        keep_N: torch.Tensor | None = None,
                        weights_N: torch.Tensor | None = None,
+                       advantages_N: torch.Tensor | None = None,
                        mode: Literal["vectorised", "loop"] = "vectorised",
                        max_chunk_elements: int = 4_000_000) -> Estimates:
     """M = N / replicate_size gradient estimates of `estimator` (see the module docstring).
@@ -73,6 +74,8 @@ def estimate_gradients(spec: ChainSpec, theta_P_S_V: torch.Tensor, batch: Sample
     baseline uses the kept members) and contribute no loss tokens.
     weights_N: per-row selection weights (`core.selection`), multiplying each row's advantage
     as the learner multiplies a trajectory's (default 1).
+    advantages_N: per-row (N,) or per-token (N, T) advantages to use instead of the
+    estimator's own (per-turn credit, `lab.turns`).
     """
     n = batch.size
     if n % replicate_size:
@@ -83,9 +86,13 @@ def estimate_gradients(spec: ChainSpec, theta_P_S_V: torch.Tensor, batch: Sample
     log_ratio_N = None
     if estimator.baseline == "min_variance" or estimator.ess_lr:
         log_ratio_N = trajectory_log_weights(batch, theta_P_S_V.detach()).double().clamp(-50, 50)
-    advantages_N = advantages_for(estimator, rewards_N, group_ids_N, log_ratio_N)
+    if advantages_N is None:
+        advantages_N = advantages_for(estimator, rewards_N, group_ids_N, log_ratio_N)
+    else:
+        advantages_N = advantages_N.double()
     if weights_N is not None:
-        advantages_N = advantages_N * weights_N.double()
+        scale = weights_N.double()
+        advantages_N = advantages_N * (scale if advantages_N.dim() == 1 else scale[:, None])
     mask_N_T = batch.mask_N_T & keep_N.unsqueeze(1)
     replicates = n // replicate_size
     per_chunk = max(1, max_chunk_elements // (replicate_size * spec.horizon * spec.vocab_size))

@@ -68,6 +68,15 @@ def selection_table(rows: Sequence[dict]) -> list[list[str]]:
                                         for r in rows]
 
 
+TURNS_COLUMNS = ("turn_mean", "advantage", "bias", "bias_se", "bias_z", "variance", "mse", "cosine",
+                 "length_push", "exact_length_push", "length_bonus", "length_push_se")
+
+
+def turns_table(rows: Sequence[dict]) -> list[list[str]]:
+    """Header plus one line per advantage (`lab.turns`)."""
+    return [list(TURNS_COLUMNS)] + [[_fmt(r.get(c)) for c in TURNS_COLUMNS] for r in rows]
+
+
 def learning_table(report: LearningReport) -> list[list[str]]:
     columns = ("mode", "estimator", "time_to_target", "updates_to_target", "reached",
                "final_return", "throughput", "mean_lag", "dropped_frac")

@@ -223,3 +223,52 @@ def zero_variance_groups(rewards_B: torch.Tensor, group_ids_B: GroupIds) -> torc
     high = high.scatter_reduce(0, index_B, rewards, reduce="amax")
     low = low.scatter_reduce(0, index_B, rewards, reduce="amin")
     return (high > low)[index_B]
+
+
+def turn_advantages(
+    turn_rewards_B_T: torch.Tensor,
+    mask_B_T: torch.Tensor,
+    group_ids_B: GroupIds,
+    mode: str = "leave_one_out",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Per-turn advantages (B, T) from per-turn rewards, one turn per masked position.
+
+    leave_one_out (unbiased): A_{i,t} = G_{i,t} - mean_{j != i in i's group} G_{j,t}, with
+    G_{i,t} = sum_{s >= t} r_{i,s} the reward still to come, and G_{j,t} = 0 for a member that
+    ended before t. The baseline depends on the other members only, never on i's own
+    actions, so it adds no bias.
+    turn_index_normalised (the biased variant verl RFC 7244 describes): each turn's reward is
+    z-scored among the group members that reached that turn, r'_{i,t} = (r_{i,t} - mean_t) /
+    (std_t + eps), and A_{i,t} = sum_{s >= t} r'_{i,s}. Who reaches turn t depends on earlier
+    actions, so the normalisation is an action-dependent baseline; it hides a length bonus
+    (the lab measures it: `lab/turns.py`).
+    Zero off the mask; a member alone in its group gets 0.
+    """
+    mask = mask_B_T.to(torch.bool)
+    zero = torch.zeros((), dtype=torch.float64)
+    rewards = torch.where(mask, turn_rewards_B_T.detach().double(), zero)
+    index_B, groups = group_index(group_ids_B, rewards.device)
+    counts_G = _group_sums(torch.ones(rewards.shape[0], dtype=torch.float64,
+                                      device=rewards.device), index_B, groups)
+    n_B = counts_G[index_B]
+    if mode == "leave_one_out":
+        to_go = rewards.flip(-1).cumsum(-1).flip(-1)
+        sums_G_T = torch.zeros(groups, rewards.shape[1], dtype=torch.float64,
+                               device=rewards.device).index_add_(0, index_B, to_go)
+        others = (sums_G_T[index_B] - to_go) / (n_B - 1).clamp(min=1).unsqueeze(1)
+        advantages = to_go - others
+    elif mode == "turn_index_normalised":
+        m = mask.double()
+        alive_G_T = torch.zeros(groups, rewards.shape[1], dtype=torch.float64,
+                                device=rewards.device).index_add_(0, index_B, m)
+        sum_G_T = torch.zeros_like(alive_G_T).index_add_(0, index_B, rewards)
+        mean = (sum_G_T / alive_G_T.clamp(min=1))[index_B]
+        sq_G_T = torch.zeros_like(alive_G_T).index_add_(0, index_B, ((rewards - mean) * m) ** 2)
+        std = torch.sqrt(sq_G_T / (alive_G_T - 1).clamp(min=1))[index_B]
+        normalised = torch.where(mask, (rewards - mean) / (std + eps), zero)
+        advantages = normalised.flip(-1).cumsum(-1).flip(-1)
+    else:
+        raise ValueError(f"unknown turn advantage {mode!r}; use leave_one_out or "
+                         "turn_index_normalised")
+    return torch.where(mask & (n_B >= 2).unsqueeze(1), advantages, zero)

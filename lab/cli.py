@@ -78,29 +78,31 @@ def learning(config: Path = CONFIG_ARG, quick: bool = QUICK_OPT,
     typer.echo("wrote " + ", ".join(str(p) for p in written))
 
 
+def _rows_command(config: Path, quick: bool, json_out: Path | None, out_dir: Path | None,
+                  name: str) -> None:
+    """A study that prints one table and writes its rows as `name`.json (selection, turns)."""
+    cfg = _load(config, quick)
+    from lab import report
+    from lab.selection import run_selection_lab
+    from lab.turns import run_turns_lab
+
+    run, table = {"selection": (run_selection_lab, report.selection_table),
+                  "turns": (run_turns_lab, report.turns_table)}[name]
+    rows = run(cfg, progress=_progress)
+    typer.echo(report.render(table(rows)))
+    path = json_out or (out_dir or Path(cfg.output_dir)) / f"{name}.json"
+    typer.echo("wrote " + str(report.write_json(rows, path)))
+
+
 @app.command("selection")
 def selection(config: Path = CONFIG_ARG, quick: bool = QUICK_OPT,
               json_out: Path | None = JSON_OPT, out_dir: Path | None = OUT_OPT) -> None:
     """Admission's selection bias against the exact gradient: none, propensity, pacing."""
-    cfg = _load(config, quick)
-    from lab.report import render, selection_table, write_json
-    from lab.selection import run_selection_lab
-
-    directory = out_dir or Path(cfg.output_dir)
-    rows = run_selection_lab(cfg, progress=_progress)
-    typer.echo(render(selection_table(rows)))
-    typer.echo("wrote " + str(write_json(rows, json_out or directory / "selection.json")))
+    _rows_command(config, quick, json_out, out_dir, "selection")
 
 
 @app.command("turns")
 def turns(config: Path = CONFIG_ARG, quick: bool = QUICK_OPT,
           json_out: Path | None = JSON_OPT, out_dir: Path | None = OUT_OPT) -> None:
     """Per-turn rewards: bias and length bonus of each per-turn baseline."""
-    cfg = _load(config, quick)
-    from lab.report import render, turns_table, write_json
-    from lab.turns import run_turns_lab
-
-    directory = out_dir or Path(cfg.output_dir)
-    rows = run_turns_lab(cfg, progress=_progress)
-    typer.echo(render(turns_table(rows)))
-    typer.echo("wrote " + str(write_json(rows, json_out or directory / "turns.json")))
+    _rows_command(config, quick, json_out, out_dir, "turns")

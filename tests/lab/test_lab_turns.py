@@ -46,3 +46,16 @@ def test_the_leave_one_out_baseline_is_unbiased_and_normalising_hides_a_turn_cos
     assert bonus > 5 * costly["length_push_se"]
     assert abs(rows[(-0.3, "leave_one_out")]["length_bonus"]) < 3 * rows[
         (-0.3, "leave_one_out")]["length_push_se"]
+
+
+def test_cli_writes_the_turn_rows(tmp_path):
+    from typer.testing import CliRunner
+
+    from stalewise.cli import app
+
+    config = tmp_path / "lab.toml"
+    config.write_text('output_dir = "out"\n[turns]\nreplicates = 200\nturn_means = [0.0]\n')
+    out = tmp_path / "turns.json"
+    result = CliRunner().invoke(app, ["lab", "turns", str(config), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "leave_one_out" in result.output and out.exists()

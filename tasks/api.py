@@ -21,6 +21,7 @@ Guarantees:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import random
@@ -73,7 +74,6 @@ class TaskInstance:
     difficulty: str = "all"
     family: str = ""
     key: str = ""
-    content_hash: str = field(init=False)
 
     def __post_init__(self) -> None:
         prompt = self.prompt
@@ -104,7 +104,16 @@ class TaskInstance:
         names = [t.name for t in self.tools]
         if len(set(names)) != len(names):
             raise ValueError(f"task tools must have unique names, got {names}")
-        object.__setattr__(self, "content_hash", self._hash())
+        try:  # the hash itself waits until it is read; bad data is refused here
+            json.dumps({"data": dict(self.data), "hidden_files": dict(self.hidden_files)})
+        except TypeError as err:
+            raise TypeError(f"task data and hidden files must be JSON-serialisable: {err}") from err
+
+    @functools.cached_property
+    def content_hash(self) -> str:
+        """SHA-256 of `canonical()`, computed once, when first read (a dispatch builds and
+        replaces an instance more than once, and only the last one is stored)."""
+        return self._hash()
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)

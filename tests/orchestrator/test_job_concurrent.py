@@ -23,6 +23,7 @@ from sqlalchemy import func, select
 from test_job_faults import containers_of, start, wait_for, write_config
 
 from core.store import schema as s
+from core.store.db import StaleSchemaError
 from core.store.store import Store
 from sandboxes import labels as lab
 from sandboxes.image import BASE_IMAGE
@@ -52,7 +53,10 @@ def _job(tmp_path: Path, name: str, model: Path, *, steps: int, budget_s: float 
 def _run_id(folder: Path) -> str | None:
     if not (folder / "store.db").exists():
         return None
-    store = Store.open(f"sqlite:///{folder}/store.db")
+    try:
+        store = Store.open(f"sqlite:///{folder}/store.db")
+    except StaleSchemaError:  # the job has created the file and is still migrating it
+        return None
     try:
         runs = store.runs()
         return runs[0].id if runs else None

@@ -424,8 +424,8 @@ def ess_sums(log_ratio_B: torch.Tensor, trajectory_index_B: torch.Tensor) -> tor
                         else 0, dtype=torch.float64, device=log_ratio_B.device)
     first = first.index_copy(0, trajectory_index_B, log_ratio_B.double())
     w = torch.exp(first)
-    return torch.stack([torch.tensor(float(w.numel()), dtype=torch.float64), w.sum(),
-                        (w * w).sum()])
+    return torch.stack([torch.tensor(float(w.numel()), dtype=torch.float64, device=w.device),
+                        w.sum(), (w * w).sum()])
 
 
 def ess_fraction(sums: torch.Tensor) -> float:

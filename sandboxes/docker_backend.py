@@ -33,7 +33,7 @@ from core.sandbox import HostUnreachable, SandboxError, SandboxSpec
 from sandboxes import labels as lab
 from sandboxes.attach import AttachTransport, open_attach
 from sandboxes.channel import AgentChannel, AgentGone, AgentRequestError
-from sandboxes.engine import connect, docker_host
+from sandboxes.engine import connect, docker_errors, docker_host
 from sandboxes.hardening import container_config
 from sandboxes.hosts import DockerHost, HostSet
 from sandboxes.image import ensure_image
@@ -96,6 +96,15 @@ class DockerSandbox(SessionSandbox):
             await self._discard(quiet=True)
             raise SandboxError(f"sandbox did not start within {self.start_timeout_s:.0f} s "
                                f"({self._agent_stderr() or 'no agent output'})") from None
+        except (OSError, docker_errors().DockerException) as exc:
+            # an engine call outside `_engine` (an image check, the attach) lost its engine:
+            # the same infrastructure error as a failed create, never a crash of the job
+            lost = HostUnreachable(f"Docker engine {self.host_url} unreachable while starting "
+                                   f"{self.name or 'a sandbox'}: {exc}")
+            self._host_failed(lost)
+            with anyio.CancelScope(shield=True):
+                await self._discard(quiet=True)
+            raise lost from None
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._discard(quiet=True)

@@ -8,7 +8,7 @@ is imported lazily so `import sandboxes` stays light for the CLI.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.sandbox import SandboxError
 
@@ -22,6 +22,13 @@ START_HINT = "start one with `scripts/ensure_docker.sh` (installs docker.io and 
 def docker_host() -> str:
     """The engine address the SDK will use: $DOCKER_HOST or the default unix socket."""
     return os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
+
+
+def docker_errors() -> Any:
+    """`docker.errors`, imported when first needed (the package is heavy to import)."""
+    import docker.errors
+
+    return docker.errors
 
 
 def connect(*, url: str | None = None, timeout_s: float = 60.0,

@@ -42,6 +42,7 @@ import anyio
 
 from config.sandbox_hosts import DockerHostConfig
 from core.sandbox import HostUnreachable, SandboxError, SandboxSpec
+from sandboxes.engine import docker_errors
 
 if TYPE_CHECKING:
     import docker
@@ -261,10 +262,17 @@ class HostSet:
         from sandboxes.cleanup import remove_orphans
         from sandboxes.engine import connect
 
+        import docker.errors
+
         url = host.forward.open(self.connect_timeout_s) if host.forward else host.url
         client = connect(url=url, timeout_s=self.connect_timeout_s)
         if host.down:  # it may have kept containers of ours while it was away
-            _log_removals(host, remove_orphans(client))
+            try:
+                _log_removals(host, remove_orphans(client))
+            except (OSError, docker.errors.DockerException) as exc:
+                client.close()
+                raise SandboxError(f"Docker engine {host.url} failed during its orphan "
+                                   f"sweep: {exc}") from None
         return client
 
     def mark_down(self, host: DockerHost, error: BaseException | str) -> None:
@@ -293,6 +301,9 @@ class HostSet:
                 client = await self.client_for(host)
                 removals = await anyio.to_thread.run_sync(self._orphans_of, client)
             except HostUnreachable:
+                continue
+            except (OSError, docker_errors().DockerException) as exc:  # it died mid-sweep
+                self.mark_down(host, exc)
                 continue
             _log_removals(host, removals)
         if all(h.down for h in self.hosts):

@@ -204,6 +204,38 @@ class _GatedSandbox(DockerSandbox):
 
 @pytest.mark.docker
 @pytest.mark.slow
+async def test_an_engine_lost_between_placement_and_create_is_an_infrastructure_error(
+        second_docker_host, isolated_installation):
+    """The engine dies after a sandbox took its slot and before the container exists: the
+    start's first engine call (the image check) fails as `HostUnreachable` naming the engine,
+    the engine is marked down and the slot given back. (The requests/urllib3 error escaped
+    before, and a job that met it in its last minute exited 1.)"""
+    hosts = HostSet([DockerHostConfig(url=second_docker_host.url, capacity=1)])
+    sandbox = _GatedSandbox(SandboxSpec(), run_id=f"hosts-{uuid.uuid4().hex[:8]}", hosts=hosts)
+    sandbox.gate = anyio.Event()
+    host = hosts.hosts[0]
+    errors: list[BaseException] = []
+
+    async def start() -> None:
+        try:
+            await sandbox.start()
+        except Exception as exc:  # noqa: BLE001 - the test inspects what came out
+            errors.append(exc)
+
+    with anyio.fail_after(120):  # hang guard
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(start)
+            while host.live < 1:  # placed: it holds the engine's only slot, at the gate
+                await anyio.sleep(0.01)
+            second_docker_host.kill()
+            sandbox.gate.set()
+    assert len(errors) == 1 and isinstance(errors[0], HostUnreachable), errors
+    assert second_docker_host.url in str(errors[0])
+    assert host.down and host.stats["went_down"] == 1 and host.live == 0
+
+
+@pytest.mark.docker
+@pytest.mark.slow
 async def test_a_trajectory_waiting_for_the_last_slot_gets_it_from_a_warm_sandbox(
         docker_client, isolated_installation):
     """Capacity 1: the pool's start-ahead holds the only slot when a trajectory arrives and

@@ -23,7 +23,8 @@ CorrectionLevel = Literal["token", "sequence"]
 RatioBase = Literal["proximal", "current"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_sum_norm"]
 KlEstimator = Literal["k1", "k3"]
-Estimator = Literal["grpo", "dr_grpo", "rloo", "gae"]
+Estimator = Literal["grpo", "dr_grpo", "rloo", "gae", "turn_leave_one_out",
+                    "turn_index_normalised"]
 OutcomeEstimator = Literal["grpo", "dr_grpo", "rloo"]
 
 
@@ -178,7 +179,9 @@ class AdvantageConfig(_Strict):
         return data
 
     estimator: Estimator = Field(
-        "grpo", description="grpo | dr_grpo | rloo | gae (needs the critic)"
+        "grpo", description="grpo | dr_grpo | rloo | gae (needs the critic) | turn_leave_one_out "
+        "(per-turn credit from the tools' per-turn rewards, unbiased) | turn_index_normalised "
+        "(per-turn rewards z-scored by turn index: biased, a length bonus; for comparison)"
     )
     eps: float = Field(1e-6, gt=0.0, description="grpo: added to the group std")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="gae discount")
@@ -196,9 +199,10 @@ class AdvantageConfig(_Strict):
 
     @model_validator(mode="after")
     def _baseline_needs_groups(self) -> AdvantageConfig:
-        if self.baseline != "mean" and self.estimator == "gae":
-            raise ValueError("learner.advantage.baseline = 'min_variance' weights group "
-                             "baselines; gae has none (use grpo, dr_grpo or rloo)")
+        if self.baseline != "mean" and self.estimator not in ("grpo", "dr_grpo", "rloo"):
+            raise ValueError(f"learner.advantage.baseline = 'min_variance' weights the group "
+                             f"baselines of grpo, dr_grpo and rloo; estimator "
+                             f"{self.estimator!r} has none of them (use one of those three)")
         return self
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from numbers import Integral
@@ -59,6 +59,11 @@ class TrainingSample:
                                 rank's filler row); rows of one trajectory share (kind, id)
     selection_weight            admission's selection-bias weight (core.selection; 1 unless
                                 [admission] reweight is on): scales the trajectory's advantage
+    call_turns                  the agent-loop turn of each call span (empty: unknown, one turn)
+    turn_rewards                the trajectory's per-turn rewards from its tools, index = turn
+                                (ToolResult.reward; 0 where none), the same on all its rows;
+                                the outcome `reward` is not in it (per-turn estimators add it
+                                at the last turn)
     """
 
     token_ids: np.ndarray
@@ -75,6 +80,8 @@ class TrainingSample:
     call_spans: tuple[tuple[int, int], ...] = ()
     kind: SampleKind = "rollout"
     selection_weight: float = 1.0
+    call_turns: tuple[int, ...] = ()
+    turn_rewards: tuple[float, ...] = ()
     length: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -165,6 +172,19 @@ class TrainingSample:
                     f"must be ordered, disjoint and within its {length} tokens"
                 )
             end = stop
+        set_(self, "call_turns", tuple(int(turn) for turn in self.call_turns))
+        if self.call_turns and (len(self.call_turns) != len(self.call_spans)
+                                or min(self.call_turns) < 0):
+            raise ValueError(
+                f"TrainingSample {self.trajectory_id}: call_turns {list(self.call_turns)} must "
+                f"give a turn >= 0 for each of its {len(self.call_spans)} call spans"
+            )
+        set_(self, "turn_rewards", tuple(float(r) for r in self.turn_rewards))
+        if not all(math.isfinite(r) for r in self.turn_rewards):
+            raise ValueError(
+                f"TrainingSample {self.trajectory_id}: turn_rewards {list(self.turn_rewards)} "
+                "must all be finite"
+            )
 
     @property
     def member(self) -> tuple[str, int]:
@@ -197,6 +217,10 @@ class TrainingSample:
         if self.model_call_ids:
             out["model_call_ids"] = list(self.model_call_ids)
             out["call_spans"] = [list(span) for span in self.call_spans]
+        if self.call_turns:
+            out["call_turns"] = list(self.call_turns)
+        if self.turn_rewards:
+            out["turn_rewards"] = list(self.turn_rewards)
         if self.sampler_topk_ids is not None:
             out["sampler_topk_ids"] = self.sampler_topk_ids.tolist()
             out["sampler_topk_logprobs"] = [
@@ -221,10 +245,10 @@ class TrainingSample:
             raise ValueError(
                 f"sample is missing {', '.join(missing)}; every sample needs "
                 f"{', '.join(required)} (sequence, sampler_topk_*, model_call_ids, "
-                "call_spans, kind and selection_weight optional)"
+                "call_spans, call_turns, turn_rewards, kind and selection_weight optional)"
             )
         optional = {"sequence", "sampler_topk_ids", "sampler_topk_logprobs", "model_call_ids",
-                    "call_spans", "kind", "selection_weight"}
+                    "call_spans", "kind", "selection_weight", "call_turns", "turn_rewards"}
         unknown = set(data) - set(required) - optional
         if unknown:
             raise ValueError(f"sample has unknown keys {sorted(unknown)}")
@@ -246,6 +270,8 @@ class TrainingSample:
             call_spans=tuple(tuple(span) for span in data.get("call_spans", ())),
             kind=data.get("kind", "rollout"),
             selection_weight=float(data.get("selection_weight", 1.0)),
+            call_turns=tuple(data.get("call_turns", ())),
+            turn_rewards=tuple(data.get("turn_rewards", ())),
         )
 
 
@@ -254,6 +280,9 @@ class StoredCall(ModelCallTokens, Protocol):
 
     @property
     def id(self) -> int: ...
+
+    @property
+    def turn(self) -> int: ...
 
 
 def samples_from_calls(
@@ -265,11 +294,16 @@ def samples_from_calls(
     sequence: int = 0,
     trainable: bool = True,
     selection_weight: float = 1.0,
+    turn_rewards: Mapping[int, float] | None = None,
 ) -> list[TrainingSample]:
     """A trajectory's samples, one per segment, from its stored model calls by the one path
     (`core.samples.segment_samples`): loss mask 1 on sampled tokens, with their sampler
-    log-probs, versions and top-k; each sample keeps its calls' ids and offsets.
+    log-probs, versions and top-k; each sample keeps its calls' ids, offsets and turns, and the
+    trajectory's per-turn tool rewards (`turn_rewards`: {turn: reward}, up to its last turn).
     `trainable=False` zeroes the whole mask (the reward still counts in its group's baseline)."""
+    last_turn = max((call.turn for call in calls), default=0)
+    per_turn = tuple(float((turn_rewards or {}).get(turn, 0.0)) for turn in range(last_turn + 1)) \
+        if turn_rewards else ()
     return [
         TrainingSample(
             token_ids=segment.token_ids,
@@ -285,6 +319,8 @@ def samples_from_calls(
             model_call_ids=tuple(calls[i].id for i in segment.calls),
             call_spans=segment.call_spans,
             selection_weight=selection_weight,
+            call_turns=tuple(calls[i].turn for i in segment.calls),
+            turn_rewards=per_turn,
         )
         for segment in segment_samples(calls)
         if segment.length

@@ -5,7 +5,8 @@ tokens rebuilt exactly from its stored model calls by the one path (`core.sample
 concatenation, per segment, of each call's prompt delta and sampled tokens; loss mask 1 on
 sampled tokens only; each sample keeps its calls' ids and offsets); a loss-masked
 admission becomes a one-token sample with no loss tokens, so it counts in its group's baseline
-and nowhere else. Each sample carries its entry's selection weight. A trajectory whose chat
+and nowhere else. Each sample carries its entry's selection weight, its calls' turns and its
+trajectory's per-turn tool rewards (`tool_calls.reward`, summed per turn). A trajectory whose chat
 template forced several segments yields one sample per segment, all in the trajectory's group;
 the trainer counts them as one group member (`learner.advantages.trajectory_advantages`).
 """
@@ -26,7 +27,9 @@ class StoreSource:
 
     def read(self, after_sequence: int, limit: int) -> list[TrainingSample]:
         entries = self.store.stream_after(self.run_id, after_sequence, limit)
-        calls = self.store.model_calls_for([e.trajectory_id for e in entries if not e.loss_masked])
+        trained = [e.trajectory_id for e in entries if not e.loss_masked]
+        calls = self.store.model_calls_for(trained)
+        turn_rewards = self.store.turn_rewards_for(trained)
         samples: list[TrainingSample] = []
         for entry in entries:
             if entry.loss_masked:
@@ -38,7 +41,8 @@ class StoreSource:
             built = samples_from_calls(calls[entry.trajectory_id], reward=entry.reward,
                                        group_id=entry.group_id,
                                        trajectory_id=entry.trajectory_id, sequence=entry.seq,
-                                       selection_weight=entry.weight)
+                                       selection_weight=entry.weight,
+                                       turn_rewards=turn_rewards[entry.trajectory_id])
             if not built:
                 raise ValueError(f"admitted trajectory {entry.trajectory_id} (seq {entry.seq}) "
                                  f"has no stored model calls")

@@ -72,6 +72,7 @@ from learner.metrics import MetricsSink, StepReport
 from learner.model import Precision, ValueModel, load_policy, policy_outputs
 from learner.publish import MarkPublished, publish_version
 from learner.tensors import PaddedBatch, collate
+from learner.turn_credit import TURN_ESTIMATORS, token_turn_advantages
 
 SUMMED_PER_OPTIMIZER_STEP = ("loss/policy", "score_centering/loss", "critic/loss")
 
@@ -294,8 +295,13 @@ class Learner:
         )
         t0 = time.perf_counter()
         selection_B = torch.tensor([s.selection_weight for s in kept], dtype=torch.float32)
+        turn_B_Tm1 = None
+        if self.cfg.advantage.estimator in TURN_ESTIMATORS:  # per-turn credit, token by token
+            turn_B_Tm1 = token_turn_advantages(
+                kept, batch.input_ids_B_T.shape[1], self.cfg.advantage.estimator,
+                self.cfg.advantage.eps)[:, 1:].to(self.device)
         step = self._step_tensors(batch, rewards.to(self.device), baseline_peers,
-                                  selection_B.to(self.device))
+                                  selection_B.to(self.device), turn_B_Tm1)
         t_proximal = time.perf_counter() - t0
         self._observe_logprobs(kept[:len(kept) - placeholders], step.proximal_logprobs_B_Tm1)
         self.lr_scale = 1.0
@@ -424,8 +430,10 @@ class Learner:
     @torch.no_grad()
     def _step_tensors(self, batch: PaddedBatch, rewards_B: torch.Tensor,
                       baseline_peers: Sequence[tuple[object, float]],
-                      selection_B: torch.Tensor | None = None) -> StepTensors:
-        """The no-grad pass at the current weights, then the advantages, each row's scaled by
+                      selection_B: torch.Tensor | None = None,
+                      turn_B_Tm1: torch.Tensor | None = None) -> StepTensors:
+        """The no-grad pass at the current weights, then the advantages (`turn_B_Tm1`: the
+        per-turn estimators' token advantages, computed from the samples), each row's scaled by
         its selection weight (`selection_B`, admission's reweighting; 1 = unchanged)."""
         mb = self.cfg.micro_batch_size
         proximal, reference, values, entropy = [], [], [], []
@@ -449,8 +457,11 @@ class Learner:
         if self.cfg.advantage.baseline == "min_variance" or self.cfg.optimizer.ess_lr:
             log_ratio_B = trajectory_log_ratios(cat(proximal), batch.sampler_logprobs_B_Tm1,
                                                 batch.loss_mask_B_Tm1, batch.trajectory_index_B)
-        advantages, returns = self._advantages(batch, rewards_B, old_values, baseline_peers,
-                                               log_ratio_B)
+        if turn_B_Tm1 is not None:
+            advantages, returns = turn_B_Tm1, None
+        else:
+            advantages, returns = self._advantages(batch, rewards_B, old_values, baseline_peers,
+                                                   log_ratio_B)
         if selection_B is not None and bool((selection_B != 1).any()):
             scale = selection_B.to(advantages.dtype)
             advantages = advantages * (scale if advantages.dim() == 1 else scale[:, None])

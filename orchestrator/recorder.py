@@ -57,7 +57,7 @@ class SqlRecorder:
             observation=storable(record.observation), exit_code=record.exit_code,
             error_type=record.error_type, timed_out=record.timed_out,
             truncated=record.truncated, output_bytes=record.original_bytes or 0,
-            started_at=record.started_at, duration_s=record.duration_s))
+            started_at=record.started_at, duration_s=record.duration_s, reward=record.reward))
 
 
 def storable(text: str) -> str:

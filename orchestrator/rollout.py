@@ -542,7 +542,7 @@ class _Rollout:
             observation=text, exit_code=result.exit_code, error_type=result.error_type,
             timed_out=result.timed_out, truncated=result.truncated or capped,
             original_bytes=original, started_at=started_at, duration_s=duration,
-            attempts=attempts))
+            attempts=attempts, reward=result.reward))
         return ChatMessage("tool", text, name=tool.name)
 
     async def _invoke(self, tool: Tool, ctx: ToolContext, arguments: dict[str, Any],

@@ -102,6 +102,7 @@ class ToolCallRecord:
     started_at: float
     duration_s: float
     attempts: int = 1
+    reward: float | None = None  # the tool's per-turn reward (ToolResult.reward)
 
 
 @dataclass(frozen=True, eq=False)

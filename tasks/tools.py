@@ -25,6 +25,7 @@ import enum
 import functools
 import inspect
 import json
+import math
 import re
 import typing
 from collections.abc import Callable, Mapping
@@ -73,6 +74,18 @@ class ToolResult:
     timed_out: bool = False
     truncated: bool = False
     original_bytes: int | None = None
+    # A per-turn reward the task grants for this call (a step or process reward), recorded on
+    # the tool call. The learner trains on it with a per-turn estimator
+    # (`[learner.advantage] estimator = "turn_leave_one_out"`); others use the outcome only.
+    reward: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.reward is not None:
+            if isinstance(self.reward, bool) or not isinstance(self.reward, (int, float)) \
+                    or not math.isfinite(self.reward):
+                raise ValueError(f"ToolResult.reward must be a finite number or None, got "
+                                 f"{self.reward!r}")
+            object.__setattr__(self, "reward", float(self.reward))
 
 
 def exec_observation(result: ExecResult) -> ToolResult:

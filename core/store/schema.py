@@ -188,6 +188,7 @@ class ToolCall(Base):
     output_bytes: Mapped[int] = mapped_column(Integer, default=0)
     started_at: Mapped[float] = mapped_column(Float)
     duration_s: Mapped[float] = mapped_column(Float)
+    reward: Mapped[float | None] = mapped_column(Float)  # the task's per-turn reward, if any
 
 
 class SandboxRow(Base):

@@ -363,6 +363,20 @@ class Store:
                 out[row.trajectory_id].append(decode_model_call(row))
         return out
 
+    def turn_rewards_for(self, trajectory_ids: Sequence[int]) -> dict[int, dict[int, float]]:
+        """{trajectory id: {turn: the sum of its tool calls' rewards}}, for the turns whose calls
+        granted one (`ToolResult.reward`); a trajectory without any maps to {}."""
+        table = s.ToolCall.__table__
+        out: dict[int, dict[int, float]] = {tid: {} for tid in trajectory_ids}
+        with self.engine.connect() as c:
+            rows = c.execute(select(table.c.trajectory_id, table.c.turn,
+                                    func.sum(table.c.reward)).where(
+                table.c.trajectory_id.in_(list(trajectory_ids)) & table.c.reward.is_not(None))
+                .group_by(table.c.trajectory_id, table.c.turn))
+            for trajectory_id, turn, total in rows:
+                out[trajectory_id][int(turn)] = float(total)
+        return out
+
     def stream_peers(self, run_id: str, group_ids: Sequence[int],
                      exclude_seqs: Sequence[int]) -> list[tuple[int, float]]:
         """(group_id, reward) of admitted members of these groups outside `exclude_seqs`."""

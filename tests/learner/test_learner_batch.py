@@ -30,6 +30,7 @@ class _Call:  # a stored model call as the one path reads it
     segment: int
     prompt_token_ids: np.ndarray
     tokens: object
+    turn: int = 0
 
 
 def _sample(n: int = 6, seq: int = 0, group: str = "g", topk: int = 0, reward: float = 1.0):
@@ -183,10 +184,11 @@ def test_samples_from_calls_lay_out_context_and_model_calls():
         topk_ids=[[7, 1], [8, 2]],
         topk_logprobs=[[-0.1, -3.0], [-0.2, -2.5]],
     )
-    calls = [_Call(21, 0, np.array([1, 2, 3]), call), _Call(22, 0, np.array([9]), call)]
+    calls = [_Call(21, 0, np.array([1, 2, 3]), call, 0), _Call(22, 0, np.array([9]), call, 2)]
     (sample,) = samples_from_calls(
-        calls, reward=1.0, group_id=3, trajectory_id=11, sequence=5
+        calls, reward=1.0, group_id=3, trajectory_id=11, sequence=5, turn_rewards={0: 0.5}
     )
+    assert sample.call_turns == (0, 2) and sample.turn_rewards == (0.5, 0.0, 0.0)
     assert sample.token_ids.tolist() == [1, 2, 3, 7, 8, 9, 7, 8]
     assert sample.loss_mask.astype(int).tolist() == [0, 0, 0, 1, 1, 0, 1, 1]
     assert sample.weights_versions.tolist() == [-1, -1, -1, 4, 5, -1, 4, 5]
@@ -196,4 +198,4 @@ def test_samples_from_calls_lay_out_context_and_model_calls():
     (masked,) = samples_from_calls(
         calls[:1], reward=0.0, group_id=3, trajectory_id=12, trainable=False
     )
-    assert masked.num_loss_tokens == 0
+    assert masked.num_loss_tokens == 0 and masked.turn_rewards == ()

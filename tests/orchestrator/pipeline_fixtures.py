@@ -12,6 +12,7 @@ from tasks import Component, Rubric, TaskFamily, TaskInstance, TaskLimits, ToolC
 from tasks.api import SplitShares, draw_in_split
 from tasks.chat import make_chat_format
 from tasks.testing import FakeSandbox
+from tasks.tools import ToolResult
 
 
 @tool(read_only=True, idempotent=True)
@@ -22,6 +23,16 @@ async def flip(ctx: ToolContext, n: int) -> str:
         n: the flip's number.
     """
     return "flipped"
+
+
+@tool(name="flip", read_only=True, idempotent=True)
+async def rewarded_flip(ctx: ToolContext, n: int) -> ToolResult:
+    """Flip a coin, for a per-turn reward (`ctx.task.data["flip_reward"]`).
+
+    Args:
+        n: the flip's number.
+    """
+    return ToolResult(text="flipped", reward=ctx.task.data["flip_reward"])
 
 
 def heads(ctx) -> float:
@@ -35,6 +46,16 @@ def coin_family(size: int | None = None) -> TaskFamily:
                             limits=TaskLimits(max_turns=4, max_generated_tokens=256),
                             difficulty=f"d{index % 2}")
     return TaskFamily("coin", make, size=size)
+
+
+def rewarded_coin_family(flip_reward: float) -> TaskFamily:
+    """The coin family whose flip grants `flip_reward` (a per-turn tool reward)."""
+    def make(index: int, split: str) -> TaskInstance:
+        return TaskInstance(prompt=f"coin {index}", tools=(rewarded_flip,),
+                            verifier=Rubric(Component("heads", heads, 1.0)),
+                            limits=TaskLimits(max_turns=4, max_generated_tokens=256),
+                            data={"flip_reward": flip_reward}, difficulty=f"d{index % 2}")
+    return TaskFamily("coin", make)
 
 
 CHAT = make_chat_format(build_tiny_tokenizer(), "hermes", tool_listing="none")

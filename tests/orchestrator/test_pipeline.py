@@ -12,7 +12,13 @@ import random
 
 import anyio
 import pytest
-from pipeline_fixtures import CHAT, coin_engine, coin_family, fake_sandbox
+from pipeline_fixtures import (
+    CHAT,
+    coin_engine,
+    coin_family,
+    fake_sandbox,
+    rewarded_coin_family,
+)
 from sqlalchemy import select
 
 from config.job import parse_config
@@ -26,7 +32,8 @@ from orchestrator.testing import FakeLearner
 from orchestrator.writer import running_writer
 
 
-def run_pipeline(url: str, overrides: dict, *, step_s: float = 0.0, latency=None):
+def run_pipeline(url: str, overrides: dict, *, step_s: float = 0.0, latency=None,
+                 family=None):
     cfg = parse_config({"rollout": {"group_size": 2, "max_concurrent": 8},
                         "learner": {"batch_size": 4},
                         "pipeline": {"steps": 3}} | overrides)
@@ -41,7 +48,7 @@ def run_pipeline(url: str, overrides: dict, *, step_s: float = 0.0, latency=None
         async with running_writer(store) as writer, anyio.create_task_group() as tg:
             await tg.start(learner.run)
             pipeline = Pipeline(run_id="r", cfg=cfg, store=store, writer=writer, engine=engine,
-                                family=coin_family(), chat_format=CHAT,
+                                family=family or coin_family(), chat_format=CHAT,
                                 acquire=fake_sandbox, poll_s=0.01)
             with anyio.fail_after(60):
                 await pipeline.run()
@@ -414,6 +421,24 @@ def test_propensity_reweighting_stores_weights_that_undo_the_selection(sqlite_ur
             < skew.difficulty_tv + skew.duration_tv)
     samples = StoreSource(store, "r").read(0, 100)
     assert sorted({x.selection_weight for x in samples}) == sorted(set(weights))
+
+
+def test_per_turn_tool_rewards_reach_the_learner_by_turn(sqlite_url):
+    """A tool that grants a per-turn reward (`ToolResult.reward`): it is stored on the tool
+    call, and each sample the learner reads carries its trajectory's per-turn rewards and the
+    turn of each of its calls, so a per-turn estimator can credit the turn that earned it."""
+    from learner.store_source import StoreSource
+
+    store, learner, _, _ = run_pipeline(sqlite_url, {"pipeline": {"mode": "async", "steps": 2}},
+                                        family=rewarded_coin_family(0.25))
+    check_stream(store, learner, steps=2)
+    calls = rows(store, s.ToolCall)
+    assert calls and {c.reward for c in calls} == {0.25} and {c.turn for c in calls} == {0}
+    samples = StoreSource(store, "r").read(0, 100)
+    assert samples
+    for sample in samples:
+        assert sample.turn_rewards == (0.25, 0.0)  # the flip's turn, then the answer's
+        assert sample.call_turns == (0, 1) and len(sample.call_spans) == 2
 
 
 def test_without_reweighting_every_weight_is_one(sqlite_url):

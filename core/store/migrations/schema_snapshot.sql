@@ -203,7 +203,7 @@ CREATE TABLE tool_calls (
 	truncated BOOLEAN NOT NULL,
 	output_bytes INTEGER NOT NULL,
 	started_at FLOAT NOT NULL,
-	duration_s FLOAT NOT NULL,
+	duration_s FLOAT NOT NULL, reward FLOAT,
 	CONSTRAINT pk_tool_calls PRIMARY KEY (id),
 	CONSTRAINT fk_tool_calls_trajectory_id_trajectories FOREIGN KEY(trajectory_id) REFERENCES trajectories (id) ON DELETE CASCADE
 );

@@ -94,6 +94,7 @@ class Bound:
     mean_duration_s: float
     kept: float
     lag_bounded_per_s: float = 0.0  # the same bound with at most (max_lag + 1) batches in flight
+    lag_in_flight: int = 0  # that many: min(slots, (max_lag + 1) * batch)
 
     @property
     def limit(self) -> str:
@@ -134,7 +135,7 @@ def ideal_bound(args, *, learner_s: float) -> Bound:
     in_flight = min(args.slots, (args.max_lag + 1) * args.batch)
     lag_bounded = min(in_flight / mean_duration * kept, engine, learner)
     return Bound(min(generation, engine, learner), generation, engine, learner, mean_duration,
-                 kept, lag_bounded)
+                 kept, lag_bounded, in_flight)
 
 
 async def no_sandbox(spec, trajectory_id):
@@ -184,6 +185,7 @@ def run_mode(mode: str, kv: str, batch_kind: str, args, directory: Path, *,
     wall = time.monotonic() - started
     _, skew = store_ledger(store, name)
     learner_steps = store.learner_steps(name)
+    steady = steady_state(store, name)
     store.close()
     label = {"sync": f"sync b={batch}", "async": "async"}.get(mode, f"inflight/{kv}")
     return dict(mode=label, wall_s=wall, admitted_per_s=steps * batch / wall,
@@ -195,7 +197,45 @@ def run_mode(mode: str, kv: str, batch_kind: str, args, directory: Path, *,
                 weighted_difficulty_tv=skew.weighted_difficulty_tv,
                 weighted_duration_tv=skew.weighted_duration_tv,
                 update_pause_s=engine.update_pause_s, generated=pipeline.stats.dispatched,
-                held_s=dict(pipeline.stats.held_s))
+                held_s=dict(pipeline.stats.held_s), steady=steady)
+
+
+@dataclass(frozen=True)
+class Steady:
+    """The middle half of a run (between its 25th and 75th percentile admission), where ramp-up
+    and drain are left out, read back from the store: by Little's law the admitted rate is
+    in_flight / duration_s * admitted_share."""
+
+    admitted_per_s: float
+    in_flight: float  # mean trajectories started and not finished
+    duration_s: float  # mean start-to-finish time of the trajectories finished in the window
+    admitted_share: float  # of the trajectories finished in the window
+    window_s: float
+
+
+def steady_state(store: Store, run_id: str) -> Steady:
+    from sqlalchemy import select
+
+    from core.store import schema as s
+
+    with store.engine.connect() as c:
+        stamps = sorted(c.execute(select(s.StreamEntry.admitted_at).where(
+            s.StreamEntry.run_id == run_id)).scalars())
+        spans = c.execute(select(s.Trajectory.id, s.Trajectory.started_at,
+                                 s.Trajectory.finished_at).where(
+            s.Trajectory.run_id == run_id, s.Trajectory.started_at.is_not(None),
+            s.Trajectory.finished_at.is_not(None))).all()
+        admitted = set(c.execute(select(s.StreamEntry.trajectory_id).where(
+            s.StreamEntry.run_id == run_id)).scalars())
+    lo, hi = stamps[len(stamps) // 4], stamps[3 * len(stamps) // 4]
+    window = max(hi - lo, 1e-9)
+    inside = [x for x in stamps if lo <= x < hi]
+    busy = sum(max(0.0, min(f, hi) - max(b, lo)) for _, b, f in spans)
+    ended = [(i, f - b) for i, b, f in spans if lo <= f < hi]
+    return Steady(admitted_per_s=len(inside) / window, in_flight=busy / window,
+                  duration_s=fmean([d for _, d in ended]) if ended else 0.0,
+                  admitted_share=sum(i in admitted for i, _ in ended) / max(1, len(ended)),
+                  window_s=window)
 
 
 def print_table(rows: list[dict], bound: Bound, weighted: bool = False) -> None:
@@ -219,6 +259,24 @@ def print_table(rows: list[dict], bound: Bound, weighted: bool = False) -> None:
         if weighted:
             values += (f"{r['weighted_difficulty_tv']:.3f}", f"{r['weighted_duration_tv']:.3f}")
         print("  ".join(f"{v:>13}" for v in values))
+
+
+def print_steady(rows: list[dict], bound: Bound) -> None:
+    """The middle half of each run: its admitted rate against the ideals, and Little's law's
+    three factors beside the lag ideal's (in flight, duration, admitted share)."""
+    print(f"steady state, the middle half of each run's admissions (the lag ideal assumes "
+          f"{bound.lag_in_flight} in flight, {bound.mean_duration_s:.2f} s per trajectory, "
+          f"{100 * bound.kept:.0f}% admitted):")
+    print("  ".join(f"{h:>13}" for h in ("mode", "window s", "adm/s", "of ideal", "of lag ideal",
+                                          "in flight", "duration s", "admitted")))
+    for r in rows:
+        st = r["steady"]
+        print("  ".join(f"{v:>13}" for v in (
+            r["mode"], f"{st.window_s:.1f}", f"{st.admitted_per_s:.2f}",
+            f"{100 * st.admitted_per_s / bound.per_s:.0f}%",
+            f"{100 * st.admitted_per_s / bound.lag_bounded_per_s:.0f}%"
+            if r["mode"].startswith(("async", "inflight")) else "-",
+            f"{st.in_flight:.1f}", f"{st.duration_s:.2f}", f"{100 * st.admitted_share:.0f}%")))
 
 
 def print_holds(rows: list[dict]) -> None:
@@ -283,6 +341,7 @@ def main() -> None:
               f"k = 1..{args.max_k}")
         print(describe_bound(bound, args.learner_s))
         print_table(rows, bound, weighted=args.reweight != "none")
+        print_steady(rows, bound)
         print_holds(rows)
         orders = [o for o in args.orders.split(",") if o.strip()]
         if orders:

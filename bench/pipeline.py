@@ -25,7 +25,11 @@ where a trajectory's duration is its tool latencies plus its decode time with no
 (prefill and store costs are left out, so the bound is optimistic). The async modes keep the
 work dispatched and not yet consumed within (max_lag + 1) batches (the staleness bound), so
 the "lag ideal" puts min(slots, (max_lag + 1) * batch) in place of slots: what an async mode
-could reach with that bound and no other loss. After the table, the seconds each async mode's
+could reach with that bound and no other loss (`--reserve expected` counts work in flight as the share
+admitted so far instead, so more of it runs, and the bound is then looser than the lag
+ideal's). The steady-state table reads the middle half of each run (between its 25th and 75th
+percentile admission, no ramp-up or drain) and gives Little's law's factors: admitted rate =
+mean in flight / mean duration x admitted share. After the table, the seconds each async mode's
 dispatch waited, by what held it first (concurrency, queue, staleness, pacing). `--orders`
 adds async rows under other `[admission] order`s (the order decided groups enter the learner
 stream): their throughput and ledger skew. "learner busy" is the
@@ -155,7 +159,8 @@ def run_mode(mode: str, kv: str, batch_kind: str, args, directory: Path, *,
                       "reweight": args.reweight, "pacing_tv": args.pacing,
                       "order": order},
         "learner": {"batch_size": batch},
-        "pipeline": {"mode": mode, "kv": kv, "steps": steps, "max_queue": 4 * batch},
+        "pipeline": {"mode": mode, "kv": kv, "steps": steps, "max_queue": 4 * batch,
+                     "reserve": getattr(args, "reserve", "every")},
     })
     name = f"{mode}-{kv}-{batch}-{learner_s}-{order}"
     store = Store.open(f"sqlite:///{directory / f'{name}.db'}", create=True)
@@ -321,6 +326,9 @@ def main() -> None:
     parser.add_argument("--orders", default="",
                         help="also run async under these [admission] orders, e.g. "
                              "in_order,weight_fifo (ready_first is the default row)")
+    parser.add_argument("--reserve", choices=("every", "expected"), default="every",
+                        help="[pipeline] reserve: how the staleness bound counts work in "
+                             "flight (every: one admission each; expected: the admitted share)")
     parser.add_argument("--pacing", type=float, default=None, metavar="TV",
                         help="[admission] pacing_tv: hold dispatch while the admitted mix is "
                              "further than TV from the generated one")

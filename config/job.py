@@ -159,6 +159,12 @@ class PipelineConfig(Section):
                        "and the weight refresh period are learner.batch_size and "
                        "learner.publish_every)")
     max_queue: int = Field(128, ge=1, description="admitted but unconsumed trajectories at most")
+    reserve: Literal["every", "expected"] = Field(
+        "every", description="how the async staleness bound counts the trajectories in flight: "
+        "`every` as one future admission each (AReaL's bound: no admitted trajectory is ever "
+        "pushed past max_lag by others), `expected` as the share admitted so far (more in "
+        "flight and more throughput when admission drops much, at the price of more stale "
+        "drops and a larger selection skew; bench/pipeline.py --reserve expected)")
     budget_s: float | None = Field(
         None, gt=0, description="stop the RL phase after this many seconds even if `steps` "
                                 "are not done (stalewise compare sets it); None = no limit")

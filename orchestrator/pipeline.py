@@ -5,8 +5,10 @@ Modes (design.md):
   only after the learner has consumed this one and the engine serves the new weights.
 - `async`: generation never waits for the learner except through two bounds: admitted work may
   run at most `max_lag` versions ahead of the learner (AReaL-style: no group is dispatched that
-  would be consumed more than `max_lag` versions after its start) and at most `max_queue`
-  admitted trajectories may wait unconsumed. Each trajectory stays on the version it started
+  would be consumed more than `max_lag` versions after its start, counting every trajectory
+  in flight as a future admission; `pipeline.reserve = "expected"` counts each as the share
+  admitted so far, and admission's `stale` rule then handles those that land too late) and
+  at most `max_queue` admitted trajectories may wait unconsumed. Each trajectory stays on the version it started
   with (the engine keeps older versions resident for pinned trajectories, `pin` updates); new
   trajectories start on the newest. Engines that cannot pin (vLLM) use `drain` instead: the
   requests in progress finish first, and a trajectory's later turns may use newer weights.
@@ -212,9 +214,18 @@ class Pipeline:
         # max_lag (AReaL's staleness bound).
         per_version = self._batch() * self.cfg.learner.publish_every
         allowed = (self.engine_version + self.cfg.admission.max_lag + 1) * per_version
-        if self.stream_head + self.undecided + group > allowed:
+        if self.stream_head + (self.undecided + group) * self._reserved_share() > allowed:
             return "staleness"
         return None
+
+    def _reserved_share(self) -> float:
+        """The stream positions one trajectory in flight reserves under the staleness bound:
+        1 (`pipeline.reserve = "every"`), or the share of decided trajectories admitted so far
+        once 32 are decided (`"expected"`; 1 before)."""
+        if self.cfg.pipeline.reserve == "every":
+            return 1.0
+        decided = self.stats.admitted + sum(self.stats.excluded.values())
+        return self.stats.admitted / decided if decided >= 32 else 1.0
 
     # ------------------------------------------------------------------ main
     async def rollout_options(self) -> RolloutOptions:

@@ -441,6 +441,23 @@ def test_per_turn_tool_rewards_reach_the_learner_by_turn(sqlite_url):
         assert sample.call_turns == (0, 1) and len(sample.call_spans) == 2
 
 
+def test_expected_reservations_count_work_in_flight_by_the_admitted_share(sqlite_url):
+    """pipeline.reserve = "expected": the staleness bound counts each trajectory in flight as
+    the share admitted so far (dynamic sampling drops some coin groups), and admission still
+    keeps every admitted trajectory within max_lag."""
+    store, learner, _, pipeline = run_pipeline(
+        sqlite_url, {"rollout": {"group_size": 2, "max_concurrent": 16},
+                     "admission": {"zero_variance": "drop", "max_lag": 1, "stale": "drop"},
+                     "pipeline": {"mode": "async", "steps": 6, "reserve": "expected"}},
+        step_s=0.02, latency=LatencyModel(fixed_s=0.01, jitter_sigma=1.0))
+    check_stream(store, learner, steps=6)
+    decided = pipeline.stats.admitted + sum(pipeline.stats.excluded.values())
+    assert decided >= 32 and pipeline.stats.excluded["zero_variance"] > 0
+    assert pipeline._reserved_share() == pytest.approx(pipeline.stats.admitted / decided)
+    assert pipeline._reserved_share() < 1.0
+    assert all(d.lag <= 1 for d in rows(store, s.AdmissionDecision) if d.decision == "admit")
+
+
 def test_without_reweighting_every_weight_is_one(sqlite_url):
     store, learner, _, _ = run_pipeline(
         sqlite_url, {"admission": {"zero_variance": "drop"},

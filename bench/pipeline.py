@@ -26,7 +26,7 @@ where a trajectory's duration is its tool latencies plus its decode time with no
 work dispatched and not yet consumed within (max_lag + 1) batches (the staleness bound), so
 the "lag ideal" puts min(slots, (max_lag + 1) * batch) in place of slots: what an async mode
 could reach with that bound and no other loss (`--reserve expected` counts work in flight as the share
-admitted so far instead, so more of it runs, and the bound is then looser than the lag
+admitted so far instead; `--cancel-stale` stops work in flight that could only be dropped, so more of it runs, and the bound is then looser than the lag
 ideal's). The steady-state table reads the middle half of each run (between its 25th and 75th
 percentile admission, no ramp-up or drain) and gives Little's law's factors: admitted rate =
 mean in flight / mean duration x admitted share. After the table, the seconds each async mode's
@@ -157,7 +157,7 @@ def run_mode(mode: str, kv: str, batch_kind: str, args, directory: Path, *,
         "rollout": {"group_size": args.group, "max_concurrent": args.slots},
         "admission": {"max_lag": args.max_lag, "stale": "drop", "zero_variance": "drop",
                       "reweight": args.reweight, "pacing_tv": args.pacing,
-                      "order": order},
+                      "order": order, "cancel_stale": getattr(args, "cancel_stale", False)},
         "learner": {"batch_size": batch},
         "pipeline": {"mode": mode, "kv": kv, "steps": steps, "max_queue": 4 * batch,
                      "reserve": getattr(args, "reserve", "every")},
@@ -329,6 +329,9 @@ def main() -> None:
     parser.add_argument("--reserve", choices=("every", "expected"), default="every",
                         help="[pipeline] reserve: how the staleness bound counts work in "
                              "flight (every: one admission each; expected: the admitted share)")
+    parser.add_argument("--cancel-stale", action="store_true",
+                        help="[admission] cancel_stale: stop work in flight once it could only "
+                             "be dropped as stale")
     parser.add_argument("--pacing", type=float, default=None, metavar="TV",
                         help="[admission] pacing_tv: hold dispatch while the admitted mix is "
                              "further than TV from the generated one")

@@ -118,6 +118,11 @@ class RolloutConfig(Section):
 class AdmissionConfig(Section):
     max_lag: int = Field(2, ge=0, description="policy versions a trajectory may lag")
     stale: Literal["drop", "requeue", "keep"] = "drop"
+    cancel_stale: bool = Field(
+        False, description="with stale = \"drop\" (async and inflight): stop a trajectory in "
+        "flight as soon as it can no longer be admitted within max_lag (its first token's "
+        "version is too old for the version that would train it), instead of generating it to "
+        "the end to drop it; it ends `aborted`, decided as `stale_cancel`")
     timeout: Literal["fail", "mask", "drop"] = "fail"
     zero_variance: Literal["drop", "keep"] = "keep"
     overlong: Literal["keep", "penalize", "mask", "drop"] = "keep"
@@ -149,6 +154,10 @@ class AdmissionConfig(Section):
         if self.order != "ready_first" and self.group_completion != "wait":
             raise ValueError(f"admission.order = {self.order!r} releases whole decided groups; "
                              "it needs group_completion = \"wait\" (or order = \"ready_first\")")
+        if self.cancel_stale and self.stale != "drop":
+            raise ValueError(f"admission.cancel_stale stops work that stale = \"drop\" would "
+                             f"drop; with stale = {self.stale!r} that work is still used: set "
+                             "stale = \"drop\" or cancel_stale = false")
         return self
 
 

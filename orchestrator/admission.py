@@ -32,8 +32,11 @@ from dataclasses import dataclass, replace
 from typing import Literal, Sequence
 
 from config.job import AdmissionConfig
+from core.store.rollouts import STALE_CANCEL
 
-OutcomeKind = Literal["ok", "timeout", "overlong", "infra_error", "verifier_error", "failed"]
+# stale_cancelled: stopped in flight once it could no longer be admitted (admission.cancel_stale)
+OutcomeKind = Literal["ok", "timeout", "overlong", "infra_error", "verifier_error", "failed",
+                      "stale_cancelled"]
 Action = Literal["admit", "mask", "drop", "requeue"]
 
 
@@ -89,6 +92,8 @@ def decide_member(member: MemberOutcome, cfg: AdmissionConfig, learner_version: 
 
     if member.kind in ("infra_error", "verifier_error"):
         return decision("drop", member.kind, None)
+    if member.kind == "stale_cancelled":
+        return decision("drop", STALE_CANCEL, None)
     if member.kind == "timeout":
         if cfg.timeout == "fail":
             return decision("admit", "timeout_fail", 0.0)

@@ -36,13 +36,20 @@ from typing import Callable
 import anyio
 
 from config.job import JobConfig
-from core.engine_api import EngineClient, SamplingParams, UpdateMode
+from core.engine_api import (
+    EngineClient,
+    GenerateRequest,
+    GenerateResult,
+    InferenceEngine,
+    SamplingParams,
+    UpdateMode,
+)
 from core.log import bind_trajectory, get_logger
 from core.selection import Finished, OnlineWeights
 from core.sandbox import Sandbox, SandboxSpec
 from core.store.outage import Outage
 from core.store.store import Store
-from orchestrator.admission import Decision, decide_group, decide_member
+from orchestrator.admission import Decision, MemberOutcome, decide_group, decide_member
 from orchestrator.engines.pinning import PinOnFirstCall
 from orchestrator.groups import GroupState, member_outcome
 from orchestrator.inflight import InFlight
@@ -95,6 +102,7 @@ class PipelineStats:
     weight_updates: int = 0
     update_pause_s: float = 0.0
     paced_switches: int = 0  # pacing turned on or off (`[admission] pacing_tv`)
+    cancelled_stale: int = 0  # stopped in flight as certain stale drops (`cancel_stale`)
     # async modes: seconds dispatch waited, by what held it first (`Pipeline._dispatch_hold`)
     held_s: Counter = field(default_factory=Counter)
 
@@ -168,6 +176,7 @@ class Pipeline:
         self.in_flight = 0
         self.undecided = 0  # dispatched members whose decision is not stored yet
         self.unfinished: InFlight[TaskInstance] = InFlight(store, writer)
+        self._running: dict[int, _Running] = {}  # with admission.cancel_stale: loops to watch
         # `pin` keeps each async trajectory on one version (the embedded engine); `drain` is the
         # fallback for engines that cannot pin (vLLM): later turns may use newer weights.
         self.async_updates: UpdateMode = "pin" if engine.can_pin else "drain"
@@ -330,6 +339,7 @@ class Pipeline:
                 self._notify()  # a spent budget changes nothing else the drivers wait on
             if self.cfg.pipeline.mode != "sync" and self.learner.version > self.engine_version:
                 await self._apply_weights(mode=mode)
+            self._cancel_stale()
             await anyio.sleep(self.poll_s)
 
     async def _apply_weights(self, *, mode: UpdateMode) -> None:
@@ -400,11 +410,15 @@ class Pipeline:
         async with self.limiter:
             self.in_flight += 1
             await self.writer.put_trajectory_update(trajectory_id, {"status": "running"})
+            running = _Running()
             try:
                 engine = self.engine
                 if self.cfg.pipeline.mode == "async" and self.async_updates == "pin":
                     engine = PinOnFirstCall(self.engine, lambda: self.engine_version)
-                with bind_trajectory(trajectory_id):  # log lines of this loop carry its id
+                if self.cfg.admission.cancel_stale:
+                    engine = running.watching(engine)
+                    self._running[trajectory_id] = running
+                with bind_trajectory(trajectory_id), running.scope:  # log lines carry its id
                     outcome = await run_trajectory(
                         task=group.task, engine=engine,
                         acquire_sandbox=lambda spec: self.acquire(spec, trajectory_id),
@@ -412,6 +426,10 @@ class Pipeline:
                         trajectory_id=trajectory_id, options=self.options)
             finally:
                 self.in_flight -= 1
+                self._running.pop(trajectory_id, None)
+        if running.scope.cancelled_caught:  # `_cancel_stale` stopped it: a certain stale drop
+            await self._stale_cancelled(group, sample, trajectory_id, attempt, running)
+            return
         await self.writer.put_trajectory_update(trajectory_id, outcome_values(outcome))
         self.unfinished.ended(trajectory_id)
         if outcome.status.value == "infra_error" or outcome.error_type in BUG_ERRORS:
@@ -423,6 +441,38 @@ class Pipeline:
             await self._check_engine()
         self.stats.on_outcome(outcome)
         group.finished[sample] = member_outcome(trajectory_id, outcome, attempt)
+        async with group.lock:
+            await self._decide(group, sample)
+        self._notify()
+
+    def _cancel_stale(self) -> None:
+        """admission.cancel_stale: stop every loop whose first token is already more than
+        max_lag versions older than the version that would train it. The training version never
+        goes down and a trajectory's oldest token never changes, so it could only be dropped."""
+        if not self._running:
+            return
+        oldest_useful = self._training_version() - self.cfg.admission.max_lag
+        for running in self._running.values():
+            if running.first_version is not None and running.first_version < oldest_useful:
+                running.scope.cancel()
+
+    async def _stale_cancelled(self, group: GroupState, sample: int, trajectory_id: int,
+                               attempt: int, running: "_Running") -> None:
+        """A loop `_cancel_stale` stopped: the trajectory ends `aborted` (its calls so far are
+        kept) and is decided as a drop, `stale_cancel`, with its group."""
+        assert running.first_version is not None
+        lag = self._training_version() - running.first_version
+        await self.writer.put_trajectory_update(trajectory_id, dict(
+            status="aborted", finished_at=time.time(),
+            error=f"stopped in flight: its first token is {lag} versions older than the version "
+                  f"that would train it (max_lag {self.cfg.admission.max_lag}; "
+                  f"admission.cancel_stale)"))
+        self.unfinished.ended(trajectory_id)
+        self.stats.cancelled_stale += 1
+        group.finished[sample] = MemberOutcome(
+            trajectory_id=trajectory_id, kind="stale_cancelled", reward=None,
+            min_version=running.first_version, attempt=attempt,
+            duration_s=time.monotonic() - running.started)
         async with group.lock:
             await self._decide(group, sample)
         self._notify()
@@ -562,3 +612,29 @@ class Pipeline:
                 log.info("engine answering again; dispatch resumed")
             self._engine_down = False
             self._notify()
+
+
+class _Running:
+    """A member loop that `admission.cancel_stale` may stop: its cancel scope, and the weights
+    version of its first sampled token (its oldest: later tokens come from the same version or
+    newer ones), read from the engine's first reply with tokens."""
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()
+        self.first_version: int | None = None
+        self.started = time.monotonic()
+
+    def watching(self, engine: InferenceEngine) -> InferenceEngine:
+        running = self
+
+        class Watched:
+            def __getattr__(self, name: str):  # release_session and the rest: the engine's
+                return getattr(engine, name)
+
+            async def generate(self, request: GenerateRequest) -> GenerateResult:
+                result = await engine.generate(request)
+                if running.first_version is None and len(result.tokens):
+                    running.first_version = int(result.tokens.weights_versions.min())
+                return result
+
+        return Watched()

@@ -4,6 +4,11 @@ Every reader (the run summary and report, `stalewise compare`, the soak) takes t
 from here, over the same trajectories: the run's training trajectories that ended, that is
 neither still queued or running nor aborted (`UNFINISHED`). Each row carries its final admission
 decision (the last one stored for it), or None while undecided.
+
+The work the bias ledger reads (`finished_work`) also holds the trajectories stopped in flight
+as certain stale drops (`admission.cancel_stale`: aborted, and decided `stale_cancel`), so
+cancelling the slow work does not hide it from the generated mix. Their duration is the time
+they ran, a lower bound of what they would have taken.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from core.store import schema as s
 from core.store.store import Store
 
 UNFINISHED = ("queued", "running", "aborted")  # trajectory statuses the summary leaves out
+STALE_CANCEL = "stale_cancel"  # the decision of an aborted trajectory the ledger still counts
 
 
 def _final_decisions(run_id: str):
@@ -39,7 +45,7 @@ def finished_work(store: Store, run_id: str) -> list[Any]:
                           .outerjoin(d, d.c.id == last.c.id)
                           .outerjoin(ls, (ls.c.run_id == run_id) & (ls.c.trajectory_id == t.c.id)))
              .where(t.c.run_id == run_id, t.c.purpose == "train",
-                    t.c.status.notin_(UNFINISHED)))
+                    t.c.status.notin_(UNFINISHED) | (d.c.reason == STALE_CANCEL)))
     with store.engine.connect() as c:
         return list(c.execute(query))
 

@@ -9,6 +9,7 @@ members without waiting for their group.
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import anyio
 import pytest
@@ -456,6 +457,40 @@ def test_expected_reservations_count_work_in_flight_by_the_admitted_share(sqlite
     assert pipeline._reserved_share() == pytest.approx(pipeline.stats.admitted / decided)
     assert pipeline._reserved_share() < 1.0
     assert all(d.lag <= 1 for d in rows(store, s.AdmissionDecision) if d.decision == "admit")
+
+
+@pytest.mark.parametrize("mode", ["async", "inflight"])
+def test_cancel_stale_stops_work_that_could_only_be_dropped(sqlite_url, mode):
+    """admission.cancel_stale: a trajectory whose first token is already too old for the
+    version that would train it is stopped in flight, ends `aborted` saying why, and is decided
+    as `stale_cancel`; nothing admitted lags more than max_lag, and the run finishes."""
+    store, learner, _, pipeline = run_pipeline(
+        sqlite_url, {"rollout": {"group_size": 2, "max_concurrent": 16},
+                     "admission": {"max_lag": 0, "stale": "drop", "cancel_stale": True,
+                                   "zero_variance": "drop"},
+                     # counting work in flight by its admitted share overbooks the stream:
+                     # some of it lands too late, the work cancel_stale is for
+                     "pipeline": {"mode": mode, "steps": 6, "reserve": "expected"}},
+        step_s=0.01, latency=LatencyModel(fixed_s=0.02, jitter_sigma=1.5))
+    check_stream(store, learner, steps=6)
+    assert pipeline.stats.cancelled_stale > 0
+    decisions = {d.trajectory_id: d for d in rows(store, s.AdmissionDecision)}
+    cancelled = [t for t in rows(store, s.Trajectory) if "cancel_stale" in (t.error or "")]
+    assert len(cancelled) == pipeline.stats.cancelled_stale
+    for t in cancelled:
+        assert t.status == "aborted" and "versions older" in t.error
+        assert decisions[t.id].decision == "drop" and decisions[t.id].reason == "stale_cancel"
+    assert all(d.lag <= 0 for d in decisions.values() if d.decision == "admit")
+    # the ledger still counts them as generated work, excluded as stale_cancel
+    from core.store.rollouts import finished_work
+
+    reasons = Counter(r.reason for r in finished_work(store, "r"))
+    assert reasons["stale_cancel"] == len(cancelled)
+
+
+def test_cancel_stale_needs_stale_drop():
+    with pytest.raises(ValueError, match="cancel_stale"):
+        parse_config({"admission": {"stale": "keep", "cancel_stale": True}})
 
 
 def test_without_reweighting_every_weight_is_one(sqlite_url):

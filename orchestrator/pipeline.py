@@ -368,6 +368,10 @@ class Pipeline:
         return task
 
     async def _dispatch_group(self) -> GroupState:
+        # The rows below are made under a shield, where a cancellation does not reach: without
+        # this check a cancelled driver would go on creating groups, each aborted at once, until
+        # a dispatch bound held it (the staleness bound: max_lag batches of them).
+        await anyio.lowlevel.checkpoint_if_cancelled()
         task = self._task(self.next_index)
         self.next_index += 1
         size, version = self.cfg.rollout.group_size, self.engine_version
@@ -463,8 +467,8 @@ class Pipeline:
         assert running.first_version is not None
         lag = self._training_version() - running.first_version
         await self.writer.put_trajectory_update(trajectory_id, dict(
-            status="aborted", finished_at=time.time(),
-            error=f"stopped in flight: its first token is {lag} versions older than the version "
+            status="aborted", started_at=running.started_at, finished_at=time.time(),
+            min_version=running.first_version, error=f"stopped in flight: its first token is {lag} versions older than the version "
                   f"that would train it (max_lag {self.cfg.admission.max_lag}; "
                   f"admission.cancel_stale)"))
         self.unfinished.ended(trajectory_id)
@@ -622,7 +626,7 @@ class _Running:
     def __init__(self) -> None:
         self.scope = anyio.CancelScope()
         self.first_version: int | None = None
-        self.started = time.monotonic()
+        self.started, self.started_at = time.monotonic(), time.time()
 
     def watching(self, engine: InferenceEngine) -> InferenceEngine:
         running = self

@@ -397,6 +397,44 @@ def test_a_pipeline_cancelled_at_any_of_50_moments_raises_nothing_and_ends_every
         assert streamed <= ended, where
 
 
+def test_a_cancelled_pipeline_dispatches_no_more_groups(tmp_path):
+    """A group's rows are created under a shield, so a driver cancelled while it creates one
+    meets no cancellation there: it must stop at its next dispatch rather than keep creating
+    groups (each aborted at once) until a bound holds it. The run is cancelled from inside the
+    third group's transaction, with a loose staleness bound: three groups exist at the end."""
+    cancel: list = []
+
+    class CancellingStore(Store):
+        groups = 0
+
+        @staticmethod
+        def create_group_in(c, run_id, **kw):
+            CancellingStore.groups += 1
+            if CancellingStore.groups == 3:
+                anyio.from_thread.run_sync(cancel[0])
+            return Store.create_group_in(c, run_id, **kw)
+
+    store = CancellingStore.open(f"sqlite:///{tmp_path}/storm.db", create=True)
+    store.create_run("r", name="storm", config={}, pipeline_mode="async")
+    cfg = parse_config({"rollout": {"group_size": 2, "max_concurrent": 64},
+                        "learner": {"batch_size": 4}, "admission": {"max_lag": 500},
+                        "pipeline": {"mode": "async", "steps": 1000}})
+
+    async def main():
+        async with running_writer(store) as writer, anyio.create_task_group() as tg:
+            cancel.append(tg.cancel_scope.cancel)
+            pipeline = Pipeline(run_id="r", cfg=cfg, store=store, writer=writer,
+                                engine=coin_engine(LatencyModel(fixed_s=0.05)),
+                                family=coin_family(), chat_format=CHAT, acquire=fake_sandbox,
+                                poll_s=0.01)
+            tg.start_soon(pipeline.run)
+
+    anyio.run(main)
+    assert len(rows(store, s.Group)) == CancellingStore.groups == 3
+    assert {t.status for t in rows(store, s.Trajectory)} == {"aborted"}
+    store.close()
+
+
 def test_propensity_reweighting_stores_weights_that_undo_the_selection(sqlite_url):
     """[admission] reweight = "propensity": dynamic sampling drops the coin's zero-variance
     groups unevenly across (difficulty, duration quartile) buckets; the admitted members carry
@@ -479,6 +517,7 @@ def test_cancel_stale_stops_work_that_could_only_be_dropped(sqlite_url, mode):
     assert len(cancelled) == pipeline.stats.cancelled_stale
     for t in cancelled:
         assert t.status == "aborted" and "versions older" in t.error
+        assert t.queued_at <= t.started_at < t.finished_at and t.min_version is not None
         assert decisions[t.id].decision == "drop" and decisions[t.id].reason == "stale_cancel"
     assert all(d.lag <= 0 for d in decisions.values() if d.decision == "admit")
     # the ledger still counts them as generated work, excluded as stale_cancel

@@ -3,8 +3,9 @@
 The real pipeline (scheduler, agent loops, admission, SQL recorder, batched store writer on
 SQLite, learner stream) drives the `longhaul` suite with latency-simulating fakes: the scripted
 engine replays each trajectory's demonstration after a fixed per-call latency, tools wait a
-lognormal time, the sandbox is in memory, and a fake learner consumes the stream instantly. The
-process is pinned to one CPU. Printed: agent turns per second (model calls completed and
+lognormal time, the sandbox is in memory, and a fake learner consumes the stream instantly
+(without reading the consumed trajectories' rows for its lag figures: the learner's own work, in
+its own process in a job). The process is pinned to one CPU. Printed: agent turns per second (model calls completed and
 recorded), trajectories per second, CPU seconds per turn, and peak trajectories in flight.
 
 With `--replicas 1,2,4` the engine is that many scripted replicas behind the replica router
@@ -99,7 +100,7 @@ async def measure(args, directory: str, replicas: int | None = None) -> dict:
     engine = CountingEngine(router or ScriptedEngine(
         script, keep_requests=False,
         latency=LatencyModel(fixed_s=args.engine_s, jitter_sigma=0.3)))
-    learner = FakeLearner(store, "bench", batch_size=64, poll_s=0.05)
+    learner = FakeLearner(store, "bench", batch_size=64, poll_s=0.05, record_lags=False)
     peak = 0
     window: dict[str, float] = {}
 

@@ -3,7 +3,10 @@
 `FakeLearner` plays the learner process's part of the protocol against the real store: it
 consumes the admission log in order, `batch_size` entries per step (optionally taking
 `step_s` seconds), records each step with its first and last sequence number, and publishes
-version v+1 every `publish_every` steps (publish-then-mark: the row is the only signal).
+version v+1 every `publish_every` steps (publish-then-mark: the row is the only signal). Each
+step's mean and max lag read every consumed trajectory's row, as the learner does; with
+`record_lags=False` they are left empty and nothing is read (a benchmark of the orchestrator
+does not charge it for the learner's reads).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from orchestrator.engines.scripted import FakeEngineClient
 class FakeLearner:
     def __init__(self, store: Store, run_id: str, *, batch_size: int, publish_every: int = 1,
                  max_steps: int | None = None, step_s: float = 0.0,
-                 poll_s: float = 0.01) -> None:
+                 poll_s: float = 0.01, record_lags: bool = True) -> None:
         self.store, self.run_id = store, run_id
+        self.record_lags = record_lags
         self.batch_size, self.publish_every = batch_size, publish_every
         self.max_steps, self.step_s, self.poll_s = max_steps, step_s, poll_s
         self.busy_s = 0.0
@@ -45,7 +49,7 @@ class FakeLearner:
             first, consumed = entries[0].seq, entries[-1].seq
             self.batches.append([e.seq for e in entries])
             lags = [version - t.min_version for t in map(self._trajectory, entries)
-                    if t.min_version is not None]
+                    if t.min_version is not None] if self.record_lags else []
             self.store.record_learner_step(
                 self.run_id, step=step, mode="rl", first_seq=first, last_seq=consumed,
                 num_samples=len(entries), num_tokens=0, loss=0.0, policy_version=version,

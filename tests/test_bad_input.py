@@ -697,8 +697,8 @@ CONFIG_CASES = [
     ({"learner": {"loss": {"clip_low": 2}}},
      "learner.loss.clip_low: Input should be less than 1 (got 2)"),
     ({"learner": {"advantage": {"estimator": "ppo"}}},
-     "learner.advantage.estimator: got 'ppo'; allowed values: 'grpo', 'dr_grpo', 'rloo' or "
-     "'gae'"),
+     "learner.advantage.estimator: got 'ppo'; allowed values: 'grpo', 'dr_grpo', 'rloo', "
+     "'gae', 'turn_leave_one_out' or 'turn_index_normalised'"),
     ({"learner": {"sft": {"stages": [{"family": "arith", "step": 3}]}}},
      "learner.sft.stages[0].step: unknown field; did you mean 'steps'? allowed fields: "),
     ({"pipeline": {"steps": 0}},

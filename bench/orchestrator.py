@@ -1,20 +1,32 @@
 """Orchestrator throughput: agent turns per second with 1,000 trajectories in flight, one core.
 
-The real pipeline (scheduler, agent loops, admission, SQL recorder, batched store writer on
-SQLite, learner stream) drives the `longhaul` suite with latency-simulating fakes: the scripted
+The real pipeline (scheduler, agent loops, admission, SQL recorder, batched store writer,
+learner stream) drives the `longhaul` suite with latency-simulating fakes: the scripted
 engine replays each trajectory's demonstration after a fixed per-call latency, tools wait a
 lognormal time, the sandbox is in memory, and a fake learner consumes the stream instantly
 (without reading the consumed trajectories' rows for its lag figures: the learner's own work, in
-its own process in a job). The process is pinned to one CPU. Printed: agent turns per second (model calls completed and
-recorded), trajectories per second, CPU seconds per turn, and peak trajectories in flight.
+its own process in a job). The process is pinned to one CPU. Printed, over the measurement
+window: agent turns per second (model calls completed and recorded), trajectories per second,
+CPU seconds per turn, store rows written per second (model calls, tool calls, trajectory
+updates), peak trajectories in flight, and memory per trajectory in flight (the growth of the
+process's resident set from before the pipeline started to its peak, divided by the peak in
+flight).
+
+The store is a new SQLite file in a temporary folder, or, with `--db URL` naming a PostgreSQL
+server, a new database on that server (`bench_orchestrator_<hex>`, dropped afterwards; the
+URL's own database is only used to create and drop it).
 
 With `--replicas 1,2,4` the engine is that many scripted replicas behind the replica router
-(`orchestrator.engines.replicas`), each with finite capacity (`--slots` requests decoding at once, as
-an engine's batch): printed per replica count are turns/s and the router's own CPU time per
-request (choosing the replica and its bookkeeping, thread CPU time).
+(`orchestrator.engines.replicas`), each serving `--slots` requests at once (as an engine's
+batch; by default enough for every trajectory in flight, so that the engines never hold the
+orchestrator back): printed per replica count are the figures above and the router's own CPU
+time per request (choosing the replica and its bookkeeping, thread CPU time). Memory is
+printed for the first count only: later runs in the same process reuse the memory the first
+one took from the system.
 
-    .venv/bin/python bench/orchestrator.py [--concurrent 1000] [--seconds 20]
-    .venv/bin/python bench/orchestrator.py --replicas 1,2,4 [--slots 16] [--seconds 10]
+    .venv/bin/python bench/orchestrator.py [--in-flight 1000] [--seconds 20] [--db URL]
+    .venv/bin/python bench/orchestrator.py --in-flight 10000 --replicas 8 [--db URL]
+    .venv/bin/python bench/orchestrator.py --replicas 1,2,4 --slots 16 [--seconds 10]
 """
 
 from __future__ import annotations
@@ -30,11 +42,14 @@ import argparse  # noqa: E402
 import os  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from contextlib import asynccontextmanager  # noqa: E402
+import uuid  # noqa: E402
+from contextlib import asynccontextmanager, contextmanager  # noqa: E402
+from typing import Iterator  # noqa: E402
 
 import anyio  # noqa: E402
 
 from config.job import parse_config  # noqa: E402
+from core.store.db import normalize_url  # noqa: E402
 from core.store.store import Store  # noqa: E402
 from core.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 from orchestrator.engines.replicas import ReplicaRouter  # noqa: E402
@@ -77,20 +92,64 @@ async def memory_sandbox(spec, trajectory_id):
 def replica_engine(script: DemoScript, args, replicas: int) -> ReplicaRouter:
     """`replicas` scripted engines of `args.slots` concurrent requests each, behind a router."""
     latency = LatencyModel(fixed_s=args.engine_s, jitter_sigma=0.3)
+    slots = args.slots or -(-args.concurrent // replicas)
     return ReplicaRouter([CapacityEngine(ScriptedEngine(script, engine_id=f"r{i}",
                                                         keep_requests=False, latency=latency),
-                                         slots=args.slots, decode_s=0.0)
+                                         slots=slots, decode_s=0.0)
                           for i in range(replicas)])
 
 
+def rss_bytes(field: str = "VmRSS") -> int:
+    """The process's resident set (`VmRSS`) or its peak so far (`VmHWM`), in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+@contextmanager
+def bench_store(args, directory: str) -> Iterator[Store]:
+    """A new store for one measurement: a SQLite file in `directory`, or a new database on the
+    PostgreSQL server of `args.db`, dropped afterwards."""
+    if not args.db:
+        store = Store.open(f"sqlite:///{directory}/orchestrator.db", create=True)
+        try:
+            yield store
+        finally:
+            store.close()
+        return
+    from sqlalchemy import create_engine, text
+
+    url = normalize_url(args.db)
+    name = f"bench_orchestrator_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as c:
+            c.execute(text(f"CREATE DATABASE {name}"))
+        store = Store.open(url.rsplit("/", 1)[0] + "/" + name, create=True)
+        try:
+            yield store
+        finally:
+            store.close()
+            with admin.connect() as c:
+                c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    finally:
+        admin.dispose()
+
+
 async def measure(args, directory: str, replicas: int | None = None) -> dict:
+    with bench_store(args, directory) as store:
+        return await measure_on(args, store, replicas)
+
+
+async def measure_on(args, store: Store, replicas: int | None) -> dict:
     cfg = parse_config({
         "rollout": {"group_size": 8, "max_concurrent": args.concurrent},
         "admission": {"max_lag": 1000, "zero_variance": "keep"},
         "learner": {"batch_size": 64},
         "pipeline": {"mode": "async", "steps": 10**6, "max_queue": 10**6},
     })
-    store = Store.open(f"sqlite:///{directory}/orchestrator.db", create=True)
     store.create_run("bench", name="bench", config={}, pipeline_mode="async")
     family = longhaul.family(min_k=4, max_k=20, latency_median_s=args.tool_s, latency_sigma=0.5,
                              latency_max_s=10 * args.tool_s)
@@ -103,20 +162,23 @@ async def measure(args, directory: str, replicas: int | None = None) -> dict:
     learner = FakeLearner(store, "bench", batch_size=64, poll_s=0.05, record_lags=False)
     peak = 0
     window: dict[str, float] = {}
+    rss_before = rss_bytes()
+
+    def counters() -> dict[str, float]:
+        return dict(calls=engine.calls, finished=pipeline.stats.finished,
+                    rows=writer.rows_written, transactions=writer.transactions,
+                    dispatched=pipeline.stats.dispatched, wall=time.monotonic(),
+                    cpu=time.process_time())
 
     async def sample() -> None:
         nonlocal peak
         await anyio.sleep(args.warmup)
-        window.update(calls=engine.calls, finished=pipeline.stats.finished,
-                      wall=time.monotonic(), cpu=time.process_time())
+        window.update(counters())
         end = time.monotonic() + args.seconds
         while time.monotonic() < end:
             peak = max(peak, pipeline.in_flight)
             await anyio.sleep(0.1)
-        window.update(calls=engine.calls - window["calls"],
-                      finished=pipeline.stats.finished - window["finished"],
-                      wall=time.monotonic() - window["wall"],
-                      cpu=time.process_time() - window["cpu"])
+        window.update({k: v - window[k] for k, v in counters().items()})
         tg.cancel_scope.cancel()
 
     async with running_writer(store) as writer:  # it stops after the pipeline
@@ -127,27 +189,35 @@ async def measure(args, directory: str, replicas: int | None = None) -> dict:
             await tg.start(learner.run)
             tg.start_soon(pipeline.run)
             tg.start_soon(sample)
-    rows = writer.rows_written
-    store.close()
     return dict(turns_per_s=window["calls"] / window["wall"],
                 trajectories_per_s=window["finished"] / window["wall"],
                 cpu_ms_per_turn=1000 * window["cpu"] / max(window["calls"], 1),
-                cpu_share=window["cpu"] / window["wall"], peak_in_flight=peak, rows=rows,
+                cpu_share=window["cpu"] / window["wall"], peak_in_flight=peak,
+                rows_per_s=window["rows"] / window["wall"], rows=writer.rows_written,
+                transactions_per_s=window["transactions"] / window["wall"],
+                dispatched_per_s=window["dispatched"] / window["wall"],
+                kib_per_trajectory=(rss_bytes("VmHWM") - rss_before) / 1024 / max(peak, 1),
+                dialect=store.engine.dialect.name,
                 route_us=1e6 * router.stats.route_s / max(router.stats.requests, 1)
                 if router else None)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrent", type=int, default=1000)
+    parser.add_argument("--in-flight", "--concurrent", dest="concurrent", type=int, default=1000,
+                        help="trajectories in flight (rollout.max_concurrent)")
     parser.add_argument("--seconds", type=float, default=20.0, help="measurement window")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds before measuring")
     parser.add_argument("--engine-s", type=float, default=0.2, help="latency of a model call")
     parser.add_argument("--tool-s", type=float, default=0.2, help="median latency of a tool call")
     parser.add_argument("--replicas", type=str, default=None,
                         help="comma-separated replica counts, e.g. 1,2,4 (router benchmark)")
-    parser.add_argument("--slots", type=int, default=16,
-                        help="requests one replica serves at once (with --replicas)")
+    parser.add_argument("--slots", type=int, default=0,
+                        help="requests one replica serves at once (with --replicas; default: "
+                             "enough for every trajectory in flight)")
+    parser.add_argument("--db", default=None,
+                        help="a PostgreSQL server's URL (postgresql+psycopg://...); the bench "
+                             "makes a database of its own there (default: a new SQLite file)")
     args = parser.parse_args()
     tune_gc_for_concurrency()  # as `stalewise run` does
     if hasattr(os, "sched_setaffinity"):
@@ -158,25 +228,35 @@ def main() -> None:
         result = anyio.run(measure, args, directory)
     print(f"orchestrator benchmark: {args.concurrent} trajectories in flight (peak "
           f"{result['peak_in_flight']}), one core, model call {args.engine_s} s, tool median "
-          f"{args.tool_s} s")
+          f"{args.tool_s} s, store {result['dialect']}")
     print(f"  agent turns/s        {result['turns_per_s']:,.0f}   (target >= 2,000)")
     print(f"  trajectories/s       {result['trajectories_per_s']:,.1f}")
     print(f"  CPU ms per turn      {result['cpu_ms_per_turn']:.3f}")
     print(f"  CPU busy             {100 * result['cpu_share']:.0f}% of one core")
-    print(f"  store rows written   {result['rows']:,}")
+    print(f"  store rows/s         {result['rows_per_s']:,.0f}   ({result['rows']:,} in the run)")
+    print(f"  store commits/s      {result['transactions_per_s']:,.1f}   (dispatch waits for one "
+          f"per group: {result['dispatched_per_s']:,.1f} trajectories/s dispatched)")
+    print(f"  KiB per trajectory   {result['kib_per_trajectory']:,.1f}   (RSS growth / peak "
+          f"in flight)")
 
 
 def replica_table(args, counts: list[int]) -> None:
+    slots = f"{args.slots} slots" if args.slots else "slots for all in flight"
+    store = "postgresql" if args.db else "sqlite"
     print(f"replica router benchmark: {args.concurrent} trajectories in flight, one core, "
-          f"scripted replicas of {args.slots} slots, model call {args.engine_s} s, tool median "
-          f"{args.tool_s} s, {args.seconds:.0f} s window")
+          f"scripted replicas of {slots}, model call {args.engine_s} s, tool median "
+          f"{args.tool_s} s, {args.seconds:.0f} s window, store {store}")
     print(f"  {'replicas':>8}  {'turns/s':>9}  {'trajectories/s':>14}  {'CPU ms/turn':>11}  "
-          f"{'CPU busy':>8}  {'routing us/request':>18}")
-    for count in counts:
+          f"{'CPU busy':>8}  {'rows/s':>8}  {'commits/s':>9}  {'dispatched/s':>12}  "
+          f"{'peak in flight':>14}  {'KiB/trajectory':>14}  {'routing us/request':>18}")
+    for i, count in enumerate(counts):
         with tempfile.TemporaryDirectory() as directory:
             r = anyio.run(measure, args, directory, count)
+        memory = f"{r['kib_per_trajectory']:,.1f}" if i == 0 else "-"
         print(f"  {count:>8}  {r['turns_per_s']:>9,.0f}  {r['trajectories_per_s']:>14,.1f}  "
               f"{r['cpu_ms_per_turn']:>11.3f}  {100 * r['cpu_share']:>7.0f}%  "
+              f"{r['rows_per_s']:>8,.0f}  {r['transactions_per_s']:>9,.1f}  "
+              f"{r['dispatched_per_s']:>12,.1f}  {r['peak_in_flight']:>14,}  {memory:>14}  "
               f"{r['route_us']:>18.1f}", flush=True)
 
 

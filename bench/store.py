@@ -2,10 +2,14 @@
 
 Writes N trajectories of `turns` model calls with `tokens` sampled tokens each (top-k recorded)
 the way the orchestrator's writer does (batched transactions of model calls + trajectory rows)
-and prints tokens recorded per second and bytes per token on disk.
+and prints tokens recorded per second, rows per second, and bytes per token on disk (SQLite).
+
+With a PostgreSQL `--url`, the benchmark writes to a new database of its own on that server
+(`bench_store_<hex>`, dropped afterwards unless `--keep`), never to the URL's own database.
 
     .venv/bin/python bench/store.py [--trajectories 2000] [--turns 10] [--tokens 200] [--topk 8]
                                     [--url sqlite:///var/bench/store.db] [--keep]
+    .venv/bin/python bench/store.py --url postgresql+psycopg://postgres@127.0.0.1:54329/postgres
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import argparse
 import os
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +93,9 @@ def main() -> None:
                  f"afterwards; pass another --url, or remove that file if it is an old benchmark's")
     if files:
         files[0].parent.mkdir(parents=True, exist_ok=True)
+    server = url if url.startswith("postgresql") else None
+    if server:
+        url = postgres_database(server, f"bench_store_{uuid.uuid4().hex[:12]}", create=True)
     store = Store.open(url, create=True)
     run_id = f"bench-{int(time.time())}"
     store.create_run(run_id, name="bench/store.py", config={"bench": vars(args)},
@@ -117,14 +125,32 @@ def main() -> None:
     print(f"  tokens recorded     {total_tokens}  (top-k {args.topk})")
     print(f"  write time          {elapsed:.2f} s")
     print(f"  tokens/s            {total_tokens / elapsed:,.0f}   (target >= 1,000,000 on SQLite)")
+    print(f"  rows/s              {args.trajectories * (args.turns + 1) / elapsed:,.0f}   "
+          f"(model calls and trajectories)")
     if size is not None:
         print(f"  bytes on disk       {size:,}")
         print(f"  bytes per token     {size / total_tokens:.1f}")
     print(f"  run id              {run_id}   (try: stalewise audit show 1 --url {url})")
     store.close()
+    if server and not args.keep:
+        postgres_database(server, url.rsplit("/", 1)[1], create=False)
     if not args.keep:
         for path in files:  # only the files this run created, never the folder around them
             path.unlink(missing_ok=True)
+
+
+def postgres_database(server: str, name: str, *, create: bool) -> str:
+    """Create (or drop) the database `name` on the PostgreSQL server of `server`; its URL."""
+    from sqlalchemy import create_engine, text
+
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as c:
+            c.execute(text(f"CREATE DATABASE {name}" if create
+                           else f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    finally:
+        admin.dispose()
+    return server.rsplit("/", 1)[0] + "/" + name
 
 
 def sqlite_files(url: str) -> list[Path]:

@@ -78,6 +78,7 @@ def tune_gc_for_concurrency() -> None:
 
 
 MAX_ATTEMPTS = 3
+MAX_GROUPS_PER_DISPATCH = 64  # groups created in one writer transaction at most (async modes)
 # Failures worth a log line: bugs in task code. The policy's own failures (malformed calls)
 # are ordinary data, counted in the store and the progress line.
 BUG_ERRORS = {"tool_exception", "verifier_exception", "verifier_timeout"}
@@ -174,6 +175,7 @@ class Pipeline:
         self._held: dict[int, GroupState] = {}
         self.rl_started: float | None = None  # when run() began: the budget's clock
         self.in_flight = 0
+        self.starting = 0  # dispatched members not yet running (their tasks start soon)
         self.undecided = 0  # dispatched members whose decision is not stored yet
         self.unfinished: InFlight[TaskInstance] = InFlight(store, writer)
         self._running: dict[int, _Running] = {}  # with admission.cancel_stale: loops to watch
@@ -205,14 +207,14 @@ class Pipeline:
     def _room_for_group(self) -> bool:
         return self._dispatch_hold() is None
 
-    def _dispatch_hold(self) -> str | None:
+    def _dispatch_hold(self, planned: int = 0) -> str | None:
         """What holds the next group back under the async bounds (see module docstring), or
         None: `engine` (down), `concurrency`, `queue` (unconsumed admissions), `pacing`,
-        `staleness`."""
-        group = self.cfg.rollout.group_size
+        `staleness`. `planned`: members of groups about to be dispatched with it."""
+        group = self.cfg.rollout.group_size + planned
         if self._engine_down:
             return "engine"
-        if self.in_flight + group > self.cfg.rollout.max_concurrent:
+        if self.in_flight + self.starting + group > self.cfg.rollout.max_concurrent:
             return "concurrency"
         if self.stream_head - self.learner.consumed_seq >= self.cfg.pipeline.max_queue:
             return "queue"
@@ -274,7 +276,11 @@ class Pipeline:
                 self.stats.held_s[hold] += time.monotonic() - started
             if self.done():
                 return
-            await self._dispatch_group()
+            # as many groups as the bounds allow now, in one transaction
+            size, count = self.cfg.rollout.group_size, 1
+            while count < MAX_GROUPS_PER_DISPATCH and self._dispatch_hold(count * size) is None:
+                count += 1
+            await self._dispatch_groups(count)
 
     async def _drive_sync(self) -> None:
         """One batch per learner step; a group that admission drops (or admits only in part)
@@ -368,35 +374,49 @@ class Pipeline:
         return task
 
     async def _dispatch_group(self) -> GroupState:
+        return (await self._dispatch_groups(1))[0]
+
+    async def _dispatch_groups(self, count: int) -> list[GroupState]:
+        """`count` groups, their rows created in one writer transaction (dispatch waits for one
+        commit per call, so a batch ramps up `count` times faster), their members started."""
         # The rows below are made under a shield, where a cancellation does not reach: without
         # this check a cancelled driver would go on creating groups, each aborted at once, until
         # a dispatch bound held it (the staleness bound: max_lag batches of them).
         await anyio.lowlevel.checkpoint_if_cancelled()
-        task = self._task(self.next_index)
-        self.next_index += 1
+        tasks = [self._task(self.next_index + i) for i in range(count)]
+        self.next_index += count
         size, version = self.cfg.rollout.group_size, self.engine_version
+
+        def create(c) -> list[tuple[int, int, list[int]]]:
+            return [self.store.create_group_in(
+                c, self.run_id, family=task.family, key=task.key,
+                content_hash=task.content_hash, difficulty=task.difficulty,
+                prompt=task.prompt[-1].content, size=size, dispatch_version=version)
+                for task in tasks]
+
         with anyio.CancelScope(shield=True):  # rows and registration together (inflight)
-            instance_id, group_id, trajectory_ids = await self.writer.transact(
-                lambda c: self.store.create_group_in(
-                    c, self.run_id, family=task.family, key=task.key,
-                    content_hash=task.content_hash, difficulty=task.difficulty,
-                    prompt=task.prompt[-1].content, size=size, dispatch_version=version),
-                urgent=True)
-            for trajectory_id in trajectory_ids:
-                self.unfinished.add(trajectory_id, task)
-        group = GroupState(group_id, task, instance_id, size, version)
-        if self.release is not None:
-            self.release.opened(group_id, version)
-        self.undecided += size
-        for sample, trajectory_id in enumerate(trajectory_ids):
-            group.attempts[sample] = 0
-            self._tg.start_soon(self._run_member, group, sample, trajectory_id)
-        self.stats.dispatched += size
-        return group
+            created = await self.writer.transact(create, urgent=True)
+            for task, (_, _, trajectory_ids) in zip(tasks, created):
+                for trajectory_id in trajectory_ids:
+                    self.unfinished.add(trajectory_id, task)
+        groups = []
+        for task, (instance_id, group_id, trajectory_ids) in zip(tasks, created):
+            group = GroupState(group_id, task, instance_id, size, version)
+            if self.release is not None:
+                self.release.opened(group_id, version)
+            self.undecided += size
+            self.starting += size
+            for sample, trajectory_id in enumerate(trajectory_ids):
+                group.attempts[sample] = 0
+                self._tg.start_soon(self._run_member, group, sample, trajectory_id)
+            self.stats.dispatched += size
+            groups.append(group)
+        return groups
 
     async def _requeue(self, group: GroupState, sample: int) -> None:
         group.attempts[sample] += 1
         self.undecided += 1
+        self.starting += 1
         with anyio.CancelScope(shield=True):  # row and registration together (inflight)
             trajectory_id = await self.writer.transact(lambda c: self.store.create_trajectory_in(
                 c, self.run_id, group_id=group.group_id, task_instance_id=group.task_instance_id,
@@ -412,6 +432,7 @@ class Pipeline:
     async def _run_member(self, group: GroupState, sample: int, trajectory_id: int) -> None:
         attempt = group.attempts[sample]
         async with self.limiter:
+            self.starting -= 1
             self.in_flight += 1
             await self.writer.put_trajectory_update(trajectory_id, {"status": "running"})
             running = _Running()

@@ -8,9 +8,11 @@ Modes (design.md):
   would be consumed more than `max_lag` versions after its start, counting every trajectory
   in flight as a future admission; `pipeline.reserve = "expected"` counts each as the share
   admitted so far, and admission's `stale` rule then handles those that land too late) and
-  at most `max_queue` admitted trajectories may wait unconsumed. Each trajectory stays on the version it started
-  with (the engine keeps older versions resident for pinned trajectories, `pin` updates); new
-  trajectories start on the newest. Engines that cannot pin (vLLM) use `drain` instead: the
+  at most `max_queue` admitted trajectories may wait unconsumed. As many groups as the bounds
+  allow are created in one writer transaction. `admission.cancel_stale` stops a trajectory in
+  flight once it could only be dropped as stale. Each trajectory stays on the version it
+  started with (the engine keeps older versions resident for pinned trajectories, `pin`
+  updates); new trajectories start on the newest. Engines that cannot pin (vLLM) use `drain` instead: the
   requests in progress finish first, and a trajectory's later turns may use newer weights.
 - `inflight`: as `async`, and new weights are swapped in between two decode steps: sequences in
   progress continue under the new weights with their KV cache retained or recomputed.

@@ -25,9 +25,10 @@ where a trajectory's duration is its tool latencies plus its decode time with no
 (prefill and store costs are left out, so the bound is optimistic). The async modes keep the
 work dispatched and not yet consumed within (max_lag + 1) batches (the staleness bound), so
 the "lag ideal" puts min(slots, (max_lag + 1) * batch) in place of slots: what an async mode
-could reach with that bound and no other loss (`--reserve expected` counts work in flight as the share
-admitted so far instead; `--cancel-stale` stops work in flight that could only be dropped, so more of it runs, and the bound is then looser than the lag
-ideal's). The steady-state table reads the middle half of each run (between its 25th and 75th
+could reach with that bound and no other loss (`--reserve expected` counts work in flight as
+the share admitted so far instead, so more of it runs, and the bound is then looser than the
+lag ideal's; `--cancel-stale` stops work in flight that could only be dropped). The
+steady-state table reads the middle half of each run (between its 25th and 75th
 percentile admission, no ramp-up or drain) and gives Little's law's factors: admitted rate =
 mean in flight / mean duration x admitted share. After the table, the seconds each async mode's
 dispatch waited, by what held it first (concurrency, queue, staleness, pacing). `--orders`

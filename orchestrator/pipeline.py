@@ -12,8 +12,9 @@ Modes (design.md):
   allow are created in one writer transaction. `admission.cancel_stale` stops a trajectory in
   flight once it could only be dropped as stale. Each trajectory stays on the version it
   started with (the engine keeps older versions resident for pinned trajectories, `pin`
-  updates); new trajectories start on the newest. Engines that cannot pin (vLLM) use `drain` instead: the
-  requests in progress finish first, and a trajectory's later turns may use newer weights.
+  updates); new trajectories start on the newest. Engines that cannot pin (vLLM) use `drain`
+  instead: the requests in progress finish first, and a trajectory's later turns may use newer
+  weights.
 - `inflight`: as `async`, and new weights are swapped in between two decode steps: sequences in
   progress continue under the new weights with their KV cache retained or recomputed.
 
@@ -491,7 +492,8 @@ class Pipeline:
         lag = self._training_version() - running.first_version
         await self.writer.put_trajectory_update(trajectory_id, dict(
             status="aborted", started_at=running.started_at, finished_at=time.time(),
-            min_version=running.first_version, error=f"stopped in flight: its first token is {lag} versions older than the version "
+            min_version=running.first_version,
+            error=f"stopped in flight: its first token is {lag} versions older than the version "
                   f"that would train it (max_lag {self.cfg.admission.max_lag}; "
                   f"admission.cancel_stale)"))
         self.unfinished.ended(trajectory_id)

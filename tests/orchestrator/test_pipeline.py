@@ -441,30 +441,51 @@ def test_a_cancelled_pipeline_dispatches_no_more_groups(tmp_path):
 
 
 def test_propensity_reweighting_stores_weights_that_undo_the_selection(sqlite_url):
-    """[admission] reweight = "propensity": dynamic sampling drops the coin's zero-variance
-    groups unevenly across (difficulty, duration quartile) buckets; the admitted members carry
-    weights in the learner stream that bring the weighted admitted mix back to the generated
-    one, and the learner reads them."""
+    """[admission] reweight = "propensity": stale drops take the slow trajectories (heavy-tailed
+    engine latency, max_lag 0), so the admitted mix leans to short durations. Each admitted
+    member's weight in the learner stream is exactly the online estimate from the decisions
+    stored before it (replayed here from the store), under-admitted buckets weigh more than 1,
+    and the learner reads the weights. (That such weights undo the selection is
+    tests/core/test_selection.py's and the lab's to show, on enough data.)"""
+    import itertools
+
+    from core.selection import Finished, OnlineWeights
     from learner.store_source import StoreSource
-    from orchestrator.report import store_ledger
 
     overrides = {"rollout": {"group_size": 2, "max_concurrent": 16},
-                 "admission": {"zero_variance": "drop", "reweight": "propensity",
-                               "reweight_clip": 4.0},
-                 "pipeline": {"mode": "async", "steps": 6}}
+                 "admission": {"max_lag": 0, "stale": "drop", "zero_variance": "drop",
+                               "reweight": "propensity", "reweight_clip": 4.0},
+                 # dynamic sampling's drops make `expected` overbook: the late ones go stale
+                 "pipeline": {"mode": "async", "steps": 16, "reserve": "expected"}}
     store, learner, _, pipeline = run_pipeline(
-        sqlite_url, overrides, step_s=0.02, latency=LatencyModel(fixed_s=0.01, jitter_sigma=1.0))
-    check_stream(store, learner, steps=6)
-    assert pipeline.stats.excluded["zero_variance"] > 0
-    weights = [e.weight for e in rows(store, s.StreamEntry)]
-    assert all(0.25 <= w <= 4.0 for w in weights)
-    assert max(weights) > 1.0 > min(weights), weights
-    _, skew = store_ledger(store, "r")
-    assert skew.difficulty_tv + skew.duration_tv > 0
-    assert (skew.weighted_difficulty_tv + skew.weighted_duration_tv
-            < skew.difficulty_tv + skew.duration_tv)
+        sqlite_url, overrides, step_s=0.02, latency=LatencyModel(fixed_s=0.01, jitter_sigma=1.5))
+    check_stream(store, learner, steps=16)
+    assert pipeline.stats.excluded["stale_drop"] > 0
+    stored = {e.trajectory_id: e.weight for e in rows(store, s.StreamEntry)}
+    assert all(0.25 <= w <= 4.0 for w in stored.values())
+    assert max(stored.values()) > 1.0 > min(stored.values()), stored
+    # the replay: every stored batch of decisions joins the window, then its admitted members
+    # get their buckets' weights over it
+    trajectories = {t.id: t for t in rows(store, s.Trajectory)}
+    difficulty = {i.id: i.difficulty for i in rows(store, s.TaskInstance)}
+    online = OnlineWeights(clip=4.0, window=4096)
+    decisions = sorted(rows(store, s.AdmissionDecision), key=lambda d: d.id)
+    replayed = {}
+    for _, batch in itertools.groupby(decisions, key=lambda d: (d.group_id, d.created_at)):
+        members = []
+        for d in batch:
+            t = trajectories[d.trajectory_id]
+            key = ("coin", difficulty[t.task_instance_id])
+            members.append((d, key, t.finished_at - t.started_at))
+            online.observe(Finished(key, members[-1][2], d.decision == "admit"))
+        admitted = [(d, key, duration) for d, key, duration in members if d.decision == "admit"]
+        weights = online.weights([(key, duration) for _, key, duration in admitted])
+        replayed.update({d.trajectory_id: w for (d, _, _), w in zip(admitted, weights)})
+    assert replayed.keys() == stored.keys()
+    assert all(replayed[t] == pytest.approx(stored[t]) for t in stored), (replayed, stored)
     samples = StoreSource(store, "r").read(0, 100)
-    assert sorted({x.selection_weight for x in samples}) == sorted(set(weights))
+    assert {x.trajectory_id: x.selection_weight for x in samples} == {
+        x.trajectory_id: stored[x.trajectory_id] for x in samples}
 
 
 def test_per_turn_tool_rewards_reach_the_learner_by_turn(sqlite_url):

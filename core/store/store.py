@@ -109,9 +109,10 @@ def decode_model_call(row: Any) -> StoredModelCall:
 class _RawInsert:
     """The INSERT of one table's rows as the DB-API's own `executemany` of tuples, with no
     per-row work by SQLAlchemy (the hot path: thousands of rows per second; on SQLite,
-    SQLAlchemy's parameter processing was half of the writer's CPU). Rows are dicts with every column but
-    `id` (extra keys are ignored, a missing one is a KeyError); their values must already be
-    driver-ready (bytes, numbers, text), except the `json_columns`, which may also be dicts
+    SQLAlchemy's parameter processing was half of the writer's CPU). Rows are dicts with every
+    column but `id`, except that a column with a scalar default or a nullable one may be left
+    out (its default, or NULL); extra keys are ignored, and a missing required column is a
+    KeyError naming it. Values must already be driver-ready (bytes, numbers, text), except the `json_columns`, which may also be dicts
     and are encoded here. Executed on a SQLAlchemy connection, so errors are still
     SQLAlchemy's (`DBAPIError`, which `outage.transient` reads) and the transaction is the
     caller's."""
@@ -120,6 +121,10 @@ class _RawInsert:
         self.table = table.name
         self.columns = tuple(c.name for c in table.columns if c.name != "id")
         self._values = operator.itemgetter(*self.columns)
+        self._optional = {c.name: c.default.arg if c.default is not None and c.default.is_scalar
+                          else None for c in table.columns
+                          if c.name != "id" and (c.nullable or (c.default is not None
+                                                                 and c.default.is_scalar))}
         self._json_at = tuple(self.columns.index(c) for c in json_columns)
         self._statements: dict[str, str] = {}
 
@@ -132,8 +137,17 @@ class _RawInsert:
                                             f"VALUES ({', '.join([marker] * len(self.columns))})")
         return self._statements[paramstyle]
 
+    def _row(self, row: dict[str, Any]) -> tuple[Any, ...]:
+        try:
+            return self._values(row)  # the hot path: every column given
+        except KeyError:
+            missing = [c for c in self.columns if c not in row and c not in self._optional]
+            if missing:
+                raise KeyError(f"{self.table} row lacks {', '.join(missing)}") from None
+            return tuple(row[c] if c in row else self._optional[c] for c in self.columns)
+
     def values(self, rows: Sequence[dict[str, Any]]) -> list[tuple[Any, ...]]:
-        out = [self._values(row) for row in rows]
+        out = [self._row(row) for row in rows]
         for at in self._json_at:
             for i, values in enumerate(out):
                 value = values[at]

@@ -85,10 +85,15 @@ def test_a_failing_row_rolls_back_the_whole_batch(store):
     assert store.trajectory(trajectory).status == "queued"
 
 
-def test_a_row_missing_a_column_is_refused(store):
+def test_a_row_missing_a_required_column_is_refused_and_optional_ones_default(store):
     trajectory = store.create_trajectory("r", group_id=None, task_instance_id=None)
     row = _tool(trajectory, 0)
-    del row["reward"]
-    with pytest.raises(KeyError, match="reward"):
+    del row["observation"]
+    with pytest.raises(KeyError, match="observation"):
         store.write_batch(tool_calls=[row])
     assert store.tool_calls(trajectory) == []
+    row = _tool(trajectory, 0)
+    del row["reward"], row["timed_out"]  # nullable; a column with a default
+    store.write_batch(tool_calls=[row])
+    (stored,) = store.tool_calls(trajectory)
+    assert stored.reward is None and stored.timed_out is False

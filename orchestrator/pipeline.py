@@ -102,6 +102,7 @@ class PipelineStats:
     decisions: Counter = field(default_factory=Counter)  # reason -> count
     excluded: Counter = field(default_factory=Counter)  # reason -> count, not admitted
     admitted: int = 0
+    decided: int = 0  # decisions stored, admitted or not
     admitted_lags: list[int] = field(default_factory=list)
     weight_updates: int = 0
     update_pause_s: float = 0.0
@@ -118,6 +119,7 @@ class PipelineStats:
             self.rewards.append(outcome.reward)
 
     def on_decisions(self, decisions: list[Decision]) -> None:
+        self.decided += len(decisions)
         for d in decisions:
             self.decisions[d.reason] += 1
             if d.action != "admit":
@@ -238,7 +240,7 @@ class Pipeline:
         once 32 are decided (`"expected"`; 1 before)."""
         if self.cfg.pipeline.reserve == "every":
             return 1.0
-        decided = self.stats.admitted + sum(self.stats.excluded.values())
+        decided = self.stats.decided
         return self.stats.admitted / decided if decided >= 32 else 1.0
 
     # ------------------------------------------------------------------ main
@@ -654,16 +656,20 @@ class _Running:
         self.started, self.started_at = time.monotonic(), time.time()
 
     def watching(self, engine: InferenceEngine) -> InferenceEngine:
-        running = self
+        return _FirstVersionView(engine, self)
 
-        class Watched:
-            def __getattr__(self, name: str):  # release_session and the rest: the engine's
-                return getattr(engine, name)
 
-            async def generate(self, request: GenerateRequest) -> GenerateResult:
-                result = await engine.generate(request)
-                if running.first_version is None and len(result.tokens):
-                    running.first_version = int(result.tokens.weights_versions.min())
-                return result
+class _FirstVersionView:
+    """`engine` for one member loop, noting the weights version of its first sampled token."""
 
-        return Watched()
+    def __init__(self, engine: InferenceEngine, running: _Running) -> None:
+        self.engine, self.running = engine, running
+
+    def __getattr__(self, name: str):  # release_session and the rest: the engine's
+        return getattr(self.engine, name)
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        result = await self.engine.generate(request)
+        if self.running.first_version is None and len(result.tokens):
+            self.running.first_version = int(result.tokens.weights_versions.min())
+        return result

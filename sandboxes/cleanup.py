@@ -2,8 +2,10 @@
 
 Guarantees: only containers labelled with this installation's id are ever touched; an orphan is
 removed only for a reason given by `labels.orphan_reason` (owner provably dead, or TTL
-passed), and each removal is returned with that reason. Removal failures of single
-containers are reported in the result, not raised, so one stuck container does not stop the rest.
+passed) or because it has already stopped (exited or dead), and each removal is returned with
+that reason; a container the engine is already removing is left to it. Removal failures of
+single containers are reported in the result, not raised, so one stuck container does not stop
+the rest.
 """
 
 from __future__ import annotations
@@ -63,9 +65,12 @@ def remove_orphans(client: "docker.DockerClient | None" = None, *,
     now = time.time()
     removed = []
     for record in list_containers(client, installation=installation):
+        state = record.get("State")
+        if state == "removing":  # its owner (or the engine's auto-remove) is already ending it
+            continue
         reason = lab.orphan_reason(record.get("Labels") or {}, me=me, now=now)
-        if reason is None and record.get("State") not in ("running", "created", "restarting"):
-            reason = f"container is {record.get('State')}"
+        if reason is None and state not in ("running", "created", "restarting"):
+            reason = f"container is {state}"  # exited or dead: debris whatever its owner
         if reason is not None:
             removed.append(_remove(client, record, reason))
     return removed

@@ -359,16 +359,21 @@ def main() -> None:
         if orders:
             print(f"\nadmission orders, async: the order decided groups enter the learner "
                   f"stream (ready_first is the async row above)")
+            weighted = args.reweight != "none"
             print("  ".join(f"{h:>13}" for h in ("order", "adm/s", "of lag ideal", "lag mean",
-                                                  "difficulty TV", "duration TV")))
+                                                  "difficulty TV", "duration TV")
+                            + (("weighted diff TV", "weighted dur TV") if weighted else ())))
             for order in orders:
                 r = run_mode("async", "recompute", "batch", args, Path(directory),
                              learner_s=args.learner_s, order=order.strip())
-                print("  ".join(f"{v:>13}" for v in (
-                    order, f"{r['admitted_per_s']:.2f}",
-                    f"{100 * r['admitted_per_s'] / bound.lag_bounded_per_s:.0f}%",
-                    f"{r['mean_lag']:.2f}", f"{r['difficulty_tv']:.3f}",
-                    f"{r['duration_tv']:.3f}")), flush=True)
+                values = (order, f"{r['admitted_per_s']:.2f}",
+                          f"{100 * r['admitted_per_s'] / bound.lag_bounded_per_s:.0f}%",
+                          f"{r['mean_lag']:.2f}", f"{r['difficulty_tv']:.3f}",
+                          f"{r['duration_tv']:.3f}")
+                if weighted:
+                    values += (f"{r['weighted_difficulty_tv']:.3f}",
+                               f"{r['weighted_duration_tv']:.3f}")
+                print("  ".join(f"{v:>13}" for v in values), flush=True)
         curve = []
         for learner_s in sweep:
             sync = run_mode("sync", "recompute", "slots", args, Path(directory),

@@ -610,6 +610,50 @@ def test_admission_orders_shape_the_stream(sqlite_url, order):
         assert versions == sorted(versions)
 
 
+@pytest.mark.parametrize("order", ["in_order", "weight_fifo"])
+def test_a_held_group_decided_again_while_another_releases_it_is_settled_once(sqlite_url, order):
+    """Members that finish in one tick each decide their group (one after the other, under its
+    lock). If the group waits for its turn and another group's decide releases it between two
+    of those decides, the later decide must leave it to that release: it used to queue the
+    group again and settle it a second time, and the release then crashed the run with a
+    KeyError (bench/pipeline.py --orders in_order, 2026-12-05)."""
+    from orchestrator.groups import GroupState
+
+    settled: list[int] = []
+
+    class Recording(Pipeline):
+        def _group_decisions(self, group):
+            return []
+
+        async def _settle(self, group, decisions):
+            await anyio.sleep(0.01)  # a writer transaction: other decides run meanwhile
+            settled.append(group.group_id)
+            group.decided = True
+
+    cfg = parse_config({"admission": {"order": order}, "pipeline": {"mode": "async"}})
+    store = Store.open(sqlite_url, create=True)
+    task = coin_family().instance(0)
+
+    async def main():
+        async with running_writer(store) as writer:
+            pipeline = Recording(run_id="r", cfg=cfg, store=store, writer=writer,
+                                 engine=coin_engine(None), family=coin_family(),
+                                 chat_format=CHAT, acquire=fake_sandbox)
+            first, second = (GroupState(gid, task, 0, 1, 0, finished={0: None})
+                             for gid in (1, 2))
+            pipeline.release.opened(1, 0)  # first, and with older weights
+            pipeline.release.opened(2, 1)
+            await pipeline._decide(second, 0)  # complete, waits behind the first
+            assert settled == []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(pipeline._decide, first, 0)  # releases both, settles the first
+                await anyio.sleep(0.001)
+                await pipeline._decide(second, 0)  # its other member, in the same tick
+        assert settled == [1, 2]
+
+    anyio.run(main)
+
+
 def test_an_order_needs_whole_groups():
     from config.errors import ConfigError
 

@@ -16,7 +16,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,13 @@ NOT_TOKENIZER = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
 MODEL_FILES = ("config.json", "generation_config.json", "stalewise.json")
 
 
+def read_tokenizer_files(directory: str | Path) -> dict[str, bytes]:
+    """The tokenizer files of a checkpoint directory, by name, as bytes: a learner reads them
+    once at start, so it can publish after the checkpoint it started from is gone (a restart
+    resumes from a published version, which pruning later deletes)."""
+    return {path.name: path.read_bytes() for path in tokenizer_files(directory)}
+
+
 def tokenizer_files(directory: str | Path) -> list[Path]:
     """The files of a checkpoint directory that are not weights, model config or our metadata."""
     return sorted(
@@ -73,16 +80,20 @@ def machine_numerics(dtype: str = "float32") -> dict[str, Any]:
             "torch_threads": torch.get_num_threads(), "dtype": dtype, **cpu_facts()}
 
 
+Tokenizer = str | Path | Mapping[str, bytes] | None  # a directory, or its files read already
+
+
 def write_checkpoint(
     model: Any,
-    tokenizer_dir: str | Path | None,
+    tokenizer: Tokenizer,
     final_dir: str | Path,
     metadata: dict[str, Any] | None = None,
 ) -> Path:
     """Write an HF checkpoint (safetensors) to final_dir atomically; final_dir must not exist.
 
-    The tokenizer files are copied byte for byte from `tokenizer_dir` (the checkpoint the
-    learner started from), never re-serialised, so what the engine loads is what was sampled
+    The tokenizer files are written byte for byte as `tokenizer` holds them (a directory, such
+    as the checkpoint the learner started from, or `read_tokenizer_files` of one), never
+    re-serialised, so what the engine loads is what was sampled
     with."""
     final_dir = Path(final_dir)
     if final_dir.exists():
@@ -94,9 +105,10 @@ def write_checkpoint(
     tmp = final_dir.parent / f".tmp-{final_dir.name}-{uuid.uuid4().hex[:8]}"
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
-        if tokenizer_dir is not None:
-            for path in tokenizer_files(tokenizer_dir):
-                shutil.copyfile(path, tmp / path.name)
+        if tokenizer is not None:
+            files = tokenizer if isinstance(tokenizer, Mapping) else read_tokenizer_files(tokenizer)
+            for name, data in files.items():
+                (tmp / name).write_bytes(data)
         (tmp / "stalewise.json").write_text(
             json.dumps({"written_at": time.time(), **(metadata or {})}, indent=1)
         )
@@ -111,7 +123,7 @@ def write_checkpoint(
 
 def publish_version(
     model: Any,
-    tokenizer_dir: str | Path | None,
+    tokenizer: Tokenizer,
     root: str | Path,
     version: int,
     mark_published: MarkPublished | None = None,
@@ -123,7 +135,7 @@ def publish_version(
     for stale in root.glob(f".tmp-v{version:06d}-*"):
         shutil.rmtree(stale, ignore_errors=True)
     path = write_checkpoint(
-        model, tokenizer_dir, version_dir(root, version), {"version": version, **(metadata or {})}
+        model, tokenizer, version_dir(root, version), {"version": version, **(metadata or {})}
     )
     if mark_published is not None:
         mark_published(version, path)

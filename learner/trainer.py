@@ -70,7 +70,7 @@ from learner.losses import (
 )
 from learner.metrics import MetricsSink, StepReport
 from learner.model import Precision, ValueModel, load_policy, policy_outputs
-from learner.publish import MarkPublished, publish_version
+from learner.publish import MarkPublished, publish_version, read_tokenizer_files
 from learner.tensors import PaddedBatch, collate
 from learner.turn_credit import TURN_ESTIMATORS, token_turn_advantages
 
@@ -172,6 +172,8 @@ class Learner:
         self.model_dir = Path(model_dir)
         self.device = torch.device(cfg.device)
         self.tokenizer = load_tokenizer(model_dir)
+        # read now: a restarted learner starts from a published version that pruning deletes
+        self.tokenizer_files = read_tokenizer_files(model_dir)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
         self.precision = Precision.resolve(cfg.dtype, model_dir, cfg.device)
@@ -772,7 +774,7 @@ class Learner:
             raise ValueError("publish: this learner has no publish_root")
         path = publish_version(
             self.policy,
-            self.model_dir,
+            self.tokenizer_files,
             self.publish_root,
             self.version + 1,
             self.mark_published,

@@ -199,6 +199,23 @@ def test_run_consumes_source_in_order_without_splitting_groups(tiny, rl_samples,
     assert take_batch(source, learner.last_sequence, 6) == []
 
 
+def test_a_learner_publishes_after_the_checkpoint_it_started_from_is_deleted(tiny, tmp_path):
+    """A restarted learner starts from a published version, and pruning later deletes that
+    version (`[learner] keep_versions`): its next publish must still carry the tokenizer. It
+    used to copy the files from the deleted folder and fail with FileNotFoundError (the
+    data-parallel restart test with 8 steps, 2026-12-05)."""
+    import shutil
+
+    start = tmp_path / "v000003"
+    shutil.copytree(tiny, start)
+    learner = Learner(start, _config(), publish_root=tmp_path / "policy")
+    shutil.rmtree(start)
+    path = learner.publish()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (path / name).read_bytes() == (tiny / name).read_bytes()
+    assert load_tokenizer(path).encode("a b", add_special_tokens=False)
+
+
 def test_a_partial_batch_waits_until_the_source_is_finished(tiny, rl_samples):
     class Growing(InMemorySource):
         polls = 0

@@ -44,7 +44,10 @@ def test_two_learner_workers_record_steps_and_versions_and_restart_after_a_kille
     the last published version; every step and sequence number is still consumed once, and the
     store holds what one worker would have written (one job, for the suite's time). The job also
     sets `[learner] threads = 1`, which the learner must apply."""
-    config = write_config(tmp_path, model_dir, steps=4)
+    # Steps enough that the kill after the second always leaves work for a restarted learner:
+    # with 4, the learner once finished steps 3 and 4 from queued batches before the kill.
+    steps = 8
+    config = write_config(tmp_path, model_dir, steps=steps)
     text = config.read_text().replace("[sandbox]\n", '[sandbox]\nbackend = "local"\n')
     config.write_text(text.replace("[learner]\n", "[learner]\nworkers = 2\nthreads = 1\n"))
     proc = start(config)
@@ -62,7 +65,7 @@ def test_two_learner_workers_record_steps_and_versions_and_restart_after_a_kille
     assert "learner exited; restarting" in output
     store = Store.open(f"sqlite:///{tmp_path}/store.db")
     run_id = store.runs()[0].id
-    check_exactly_once(store, run_id, steps=4)
+    check_exactly_once(store, run_id, steps=steps)
     log = (tmp_path / "runs" / run_id / "learner.log").read_text()
     started = [json.loads(line) for line in log.splitlines() if '"learner started"' in line]
     assert len(started) == 2 and started[1]["version"] >= 2
@@ -75,8 +78,8 @@ def test_two_learner_workers_record_steps_and_versions_and_restart_after_a_kille
     assert started[0]["workers"] == 2
     assert started[0]["threads"] == 1, "[learner] threads sets the learner's torch threads"
     run = store.runs()[0]
-    assert run.status == "finished" and run.summary["learner_steps"] == 4
-    steps = store.learner_steps(run_id)
+    assert run.status == "finished" and run.summary["learner_steps"] == steps
+    reports = store.learner_steps(run_id)
     with store.engine.connect() as c:
         versions = list(c.execute(select(s.PolicyVersion.version, s.PolicyVersion.learner_step,
                                          s.PolicyVersion.last_seq)
@@ -84,15 +87,16 @@ def test_two_learner_workers_record_steps_and_versions_and_restart_after_a_kille
                                   .order_by(s.PolicyVersion.version)))
         consumed = list(c.execute(select(s.StreamEntry.trajectory_id)
                                   .where(s.StreamEntry.run_id == run_id,
-                                         s.StreamEntry.seq <= steps[-1].last_seq,
+                                         s.StreamEntry.seq <= reports[-1].last_seq,
                                          s.StreamEntry.loss_masked.is_(False))))
         with_logprobs = c.execute(
             select(func.count(func.distinct(s.ModelCall.trajectory_id)))
             .join(s.TrainerLogprobs, s.TrainerLogprobs.model_call_id == s.ModelCall.id)
             .where(s.TrainerLogprobs.run_id == run_id)).scalar_one()
-    assert [(v.version, v.learner_step) for v in versions] == [(1, 1), (2, 2), (3, 3), (4, 4)]
-    assert [v.last_seq for v in versions] == [r.last_seq for r in steps]
-    assert all(r.num_samples == r.last_seq - r.first_seq + 1 for r in steps), \
+    assert [(v.version, v.learner_step) for v in versions] == [(i, i) for i in
+                                                                range(1, steps + 1)]
+    assert [v.last_seq for v in versions] == [r.last_seq for r in reports]
+    assert all(r.num_samples == r.last_seq - r.first_seq + 1 for r in reports), \
         "a step's report counts both ranks' samples"
     assert with_logprobs == len(consumed), "trainer log-probs of one rank's share only"
     store.close()

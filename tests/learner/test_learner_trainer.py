@@ -201,7 +201,7 @@ def test_run_consumes_source_in_order_without_splitting_groups(tiny, rl_samples,
 
 def test_a_learner_publishes_after_the_checkpoint_it_started_from_is_deleted(tiny, tmp_path):
     """A restarted learner starts from a published version, and pruning later deletes that
-    version (`[learner] keep_versions`): its next publish must still carry the tokenizer. It
+    version (`[learner] keep_checkpoints`): its next publish must still carry the tokenizer. It
     used to copy the files from the deleted folder and fail with FileNotFoundError (the
     data-parallel restart test with 8 steps, 2026-12-05)."""
     import shutil

@@ -169,7 +169,6 @@ class Learner:
     ) -> None:
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
-        self.model_dir = Path(model_dir)
         self.device = torch.device(cfg.device)
         self.tokenizer = load_tokenizer(model_dir)
         # read now: a restarted learner starts from a published version that pruning deletes

@@ -177,8 +177,8 @@ class Pipeline:
         # [admission] order other than ready_first: decided groups wait for their turn here
         self.release = (ReleaseOrder(admission.order) if admission.order != "ready_first"
                         else None)
-        self._held: dict[int, GroupState] = {}  # complete groups waiting for their turn
-        self._in_line: set[int] = set()  # held, or released and not yet settled
+        # complete groups in line: waiting for their turn, or released and not yet settled
+        self._held: dict[int, GroupState] = {}
         self.rl_started: float | None = None  # when run() began: the budget's clock
         self.in_flight = 0
         self.starting = 0  # dispatched members not yet running (their tasks start soon)
@@ -526,14 +526,13 @@ class Pipeline:
         # A group is in line from the first decide that finds it complete until it is settled:
         # members that finish in the same tick each decide it (each after the lock), and the
         # later ones must not queue it again while another group's decide is releasing it.
-        if group.group_id in self._in_line:
+        if group.group_id in self._held:
             return
-        self._in_line.add(group.group_id)
         self._held[group.group_id] = group
         for group_id in self.release.ready(group.group_id):
-            released = self._held.pop(group_id)
+            released = self._held[group_id]
             await self._settle(released, self._group_decisions(released))
-            self._in_line.discard(group_id)
+            del self._held[group_id]
             if not released.decided:  # a member was requeued: it keeps its place in line
                 self.release.reopened(group_id, released.dispatch_version)
 

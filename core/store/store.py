@@ -112,8 +112,8 @@ class _RawInsert:
     SQLAlchemy's parameter processing was half of the writer's CPU). Rows are dicts with every
     column but `id`, except that a column with a scalar default or a nullable one may be left
     out (its default, or NULL); extra keys are ignored, and a missing required column is a
-    KeyError naming it. Values must already be driver-ready (bytes, numbers, text), except the `json_columns`, which may also be dicts
-    and are encoded here. Executed on a SQLAlchemy connection, so errors are still
+    KeyError naming it. Values must already be driver-ready (bytes, numbers, text), except the
+    `json_columns`, which may also be dicts and are encoded here. Executed on a SQLAlchemy connection, so errors are still
     SQLAlchemy's (`DBAPIError`, which `outage.transient` reads) and the transaction is the
     caller's."""
 

@@ -1,5 +1,5 @@
 """`stalewise compare JOB.toml [JOB.toml ...] [--budget SECONDS] [--seeds N] [--first-seed S]
-[--out DIR]`.
+[--out DIR] [--merge EARLIER_DIR ...]`.
 
 Runs each job (each seed in turn, one after another, so they never compete for the machine) on
 the same workload, budget and store, then writes, in DIR:
@@ -25,10 +25,19 @@ from that checkpoint instead (say, the `sft` folder of an earlier run of the sam
 that start from the same checkpoint with the same seed and evaluation settings share its
 evaluation before RL, so every such row has the same baseline. A run that fails is a row with
 its error, never a silent gap.
+
+`--merge EARLIER_DIR` (repeatable) adds the finished runs of earlier comparisons (their
+`compare.json`) to the table, so seeds run on different days, or a recipe added later, are
+ranked together; with no JOB it runs nothing and only writes the merged table. The runs keep
+their own stores (`EARLIER_DIR/compare.db`); compare.md says which folder each came from and
+which runs it left out (failed or stopped ones), and refuses two runs with one label. It warns,
+and does not refuse, where the merged runs were evaluated on different numbers of instances or
+started from different checkpoints: then their rows are not the same experiment.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -41,7 +50,7 @@ from stalewise.commands.run import check_family_or_exit, load_or_exit
 
 
 def compare_command(
-    configs: list[Path] = typer.Argument(..., help="job configs (TOML) to compare"),
+    configs: list[Path] = typer.Argument(None, help="job configs (TOML) to compare"),
     budget: float | None = typer.Option(None, "--budget", min=1.0,
                                         help="seconds of RL per run (default: each job's steps)"),
     seeds: int = typer.Option(1, "--seeds", min=1, help="runs per job, seeds S..S+N-1"),
@@ -55,8 +64,23 @@ def compare_command(
     warm_start: Path | None = typer.Option(
         None, "--warm-start", help="start every run's RL from this checkpoint (e.g. an earlier "
         "run's RUN/sft) instead of each job's own model and warm start"),
+    merge: list[Path] = typer.Option(
+        None, "--merge", help="add the finished runs of an earlier comparison's folder to the "
+        "table (repeatable); with no JOB, runs nothing"),
 ) -> None:
     """Run JOBs on the same budget and compare held-out success per second and per token."""
+    configs, merge = configs or [], merge or []
+    if not configs and not merge:
+        typer.echo("error: name the job configs to compare, or earlier comparison folders "
+                   "with --merge DIR", err=True)
+        raise typer.Exit(2)
+    try:
+        earlier, merge_notes = merged_runs(merge)
+        check_labels(earlier, [f"{config.stem}-s{seed}" for config in configs
+                               for seed in range(first_seed, first_seed + seeds)])
+    except MergeError as err:
+        typer.echo(f"error: --merge: {err}", err=True)
+        raise typer.Exit(2) from None
     jobs = []
     for config in configs:
         job = load_or_exit(config)
@@ -67,12 +91,20 @@ def compare_command(
                    "missing); pass a model directory such as var/long/runs/RUN/sft", err=True)
         raise typer.Exit(2)
     out = out or Path("var/compare") / time.strftime("%Y%m%d-%H%M%S")
+    if any(folder.resolve() == out.resolve() for folder in merge):
+        typer.echo(f"error: --merge {out} is also the output folder; write the merged table to "
+                   "a new folder with --out", err=True)
+        raise typer.Exit(2)
     out.mkdir(parents=True, exist_ok=True)
     comparison = Comparison(out, budget=budget, share_warm_start=share_warm_start,
                             warm_start=warm_start, say=lambda m: typer.echo(m, err=True))
     rows = [comparison.run(job, config, seed)
             for config, job in jobs for seed in range(first_seed, first_seed + seeds)]
-    write_outputs(rows, out)
+    rows = earlier + rows
+    warnings = mixed_conditions(rows, out)
+    for note in warnings:
+        typer.echo(f"warning: {note}", err=True)
+    write_outputs(rows, out, merge_notes + [f"warning: {note}" for note in warnings])
     typer.echo((out / "compare.md").read_text())
     failed = [r["label"] for r in rows if r["exit_code"] != 0]
     if failed:
@@ -116,12 +148,103 @@ def spread_lines(spread: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
+class MergeError(ValueError):
+    """An earlier comparison's folder that cannot be merged, with what to do about it."""
+
+
+def merged_runs(folders: list[Path]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The finished runs of each folder's compare.json, each marked with its folder, and one
+    note per folder saying how many runs came from it and which it left out (failed or stopped
+    runs: their seeds are rerun, not averaged in)."""
+    rows: list[dict[str, Any]] = []
+    notes = []
+    for folder in folders:
+        path = folder / "compare.json"
+        try:
+            runs = json.loads(path.read_text())["runs"]
+        except FileNotFoundError:
+            raise MergeError(f"{path} does not exist; name a folder that `stalewise compare` "
+                             "wrote (its --out)") from None
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise MergeError(f"{path} is not a comparison's output ({err})") from None
+        kept = [r for r in runs if r.get("exit_code") == 0 and r.get("after", (0, 0))[1]]
+        left = [f"{r.get('label')} (exit {r.get('exit_code')})" for r in runs if r not in kept]
+        rows += [{**r, "merged_from": str(folder)} for r in kept]
+        notes.append(f"{folder}: {len(kept)} of {len(runs)} runs"
+                     + (f"; left out: {', '.join(left)}" if left else ""))
+    return rows, notes
+
+
+def check_labels(merged: list[dict[str, Any]], new: list[str]) -> None:
+    """One label (recipe and seed) once in the table: merged runs against each other and
+    against the runs about to start."""
+    seen: dict[str, str] = {}
+    for label, where in [(r["label"], r["merged_from"]) for r in merged] + [
+            (label, "this comparison's jobs") for label in new]:
+        if label in seen:
+            raise MergeError(f"two runs are labelled {label} (from {seen[label]} and {where}): "
+                             "one seed of one recipe belongs in the table once; drop one of "
+                             "them (another --first-seed, or one folder fewer)")
+        seen[label] = where
+
+
+def mixed_conditions(rows: list[dict[str, Any]], out: Path) -> list[str]:
+    """Warnings where merged runs differ in what the table assumes they share: the number of
+    test instances evaluated, and the checkpoint RL started from (told apart by its weights,
+    so one checkpoint copied to two folders counts once)."""
+    if not any("merged_from" in r for r in rows):
+        return []
+    notes = []
+    sizes = sorted({r["after"][1] for r in rows if r.get("after", (0, 0))[1]})
+    if len(sizes) > 1:
+        notes.append("the runs were evaluated on different numbers of test instances ("
+                     + ", ".join(map(str, sizes)) + "): their success rates are not comparable")
+    starts: dict[str, list[str]] = {}
+    for row in rows:
+        starts.setdefault(start_checkpoint(row, rows, out), []).append(row["label"])
+    if len(starts) > 1:
+        notes.append("the runs started RL from different checkpoints ("
+                     + "; ".join(", ".join(labels) for labels in starts.values())
+                     + "): their gains share no baseline")
+    return notes
+
+
+def start_checkpoint(row: dict[str, Any], rows: list[dict[str, Any]], out: Path) -> str:
+    """What a run's RL started from: the digest of the checkpoint's weights where they are on
+    disk, else its path or the run that made it."""
+    folder = Path(row.get("merged_from") or out)
+    start = row.get("warm_start_from")
+    if not start:  # its own warm start, or its job's model as it was
+        return _weights_digest(folder / "runs" / str(row["run_id"]) / "sft") or \
+            f"{row['label']}'s own model"
+    if "/" in start:
+        return _weights_digest(Path(start)) or start
+    owner = next((r for r in rows if r["label"] == start
+                  and r.get("merged_from") == row.get("merged_from")), None)
+    return start_checkpoint(owner, rows, out) if owner else f"{start}'s warm start"
+
+
+def _weights_digest(checkpoint: Path) -> str | None:
+    files = sorted(checkpoint.glob("*.safetensors")) + sorted(checkpoint.glob("*.bin"))
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def write_outputs(rows: list[dict[str, Any]], out: Path, merge_notes: list[str] = ()) -> None:
     (out / "compare.json").write_text(json.dumps(
         {"runs": rows, "recipes": recipe_spread(rows)}, indent=2, default=str))
     lines = ["# stalewise compare", "", "| " + " | ".join(COLUMNS) + " |",
              "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(table_row(r)) + " |" for r in rows]
+    if merge_notes:
+        lines += ["", "Merged from earlier comparisons (each run's store is its folder's "
+                  "compare.db):", ""] + [f"- {note}" for note in merge_notes]
     lines += ["", "Success: held-out instances solved before and after RL, Wilson 95% intervals; "
               "gain: Newcombe 95% interval. Plots: success-vs-seconds.png/.svg, "
               "success-vs-tokens.png/.svg."]

@@ -140,12 +140,26 @@ def run_one(job, label: str, config: Path,
     store = Store.open(job.run.db_url)
     try:
         run_id = latest_run(store, label)
-        row = {"label": label, "config": str(config), "run_id": run_id, "exit_code": code}
+        row = {"label": label, "config": str(config), "run_id": run_id, "exit_code": code,
+               "machine": machine_now()}
         if run_id is not None:
             row.update(run_figures(store, run_id, before))
         return row
     finally:
         store.close()
+
+
+def machine_now() -> dict[str, Any]:
+    """The machine a run ended on: its CPU, its cores and the load average (1, 5 and 15
+    minutes) at that moment, so a table names the CPU beside its figures and a run that shared
+    the machine with other work shows it (a run's own engine, sandboxes and learner keep the
+    load near the core count)."""
+    import os
+
+    from core.numerics import cpu_facts
+
+    return {"cpu": cpu_facts()["cpu"], "cores": os.cpu_count(),
+            "load_avg_end": [round(x, 2) for x in os.getloadavg()]}
 
 
 def latest_run(store, name: str) -> str | None:

@@ -169,10 +169,40 @@ def merged_runs(folders: list[Path]) -> tuple[list[dict[str, Any]], list[str]]:
             raise MergeError(f"{path} is not a comparison's output ({err})") from None
         kept = [r for r in runs if r.get("exit_code") == 0 and r.get("after", (0, 0))[1]]
         left = [f"{r.get('label')} (exit {r.get('exit_code')})" for r in runs if r not in kept]
-        rows += [{**r, "merged_from": str(folder)} for r in kept]
+        rows += [{**r, "merged_from": str(folder), "machine": r.get("machine") or
+                  _machine_from_report(folder / "runs" / str(r.get("run_id")))} for r in kept]
         notes.append(f"{folder}: {len(kept)} of {len(runs)} runs"
                      + (f"; left out: {', '.join(left)}" if left else ""))
     return rows, notes
+
+
+def _machine_from_report(run_dir: Path) -> dict[str, Any] | None:
+    """The CPU a run recorded in its report (runs of comparisons that predate `machine`)."""
+    try:
+        cpu = json.loads((run_dir / "report.json").read_text())["summary"]["numerics"]["cpu"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {"cpu": cpu}
+
+
+def machine_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """compare.md's line naming the machines the runs ended on, and the load average over 15
+    minutes at their ends (a run alone on the machine keeps it near the core count)."""
+    cpus: dict[str, int] = {}
+    for row in rows:
+        machine = row.get("machine") or {}
+        name = machine.get("cpu", "not recorded")
+        if machine.get("cores"):
+            name += f", {machine['cores']} cores"
+        cpus[name] = cpus.get(name, 0) + 1
+    line = "Machine: " + "; ".join(f"{name} ({n} runs)" for name, n in cpus.items())
+    loads = [(r["label"], r["machine"]["load_avg_end"][2]) for r in rows
+             if (r.get("machine") or {}).get("load_avg_end")]
+    if loads:
+        low, high = min(loads, key=lambda x: x[1]), max(loads, key=lambda x: x[1])
+        line += (f". Load average over 15 minutes at the runs' ends: {low[1]:g} ({low[0]}) to "
+                 f"{high[1]:g} ({high[0]}), {len(loads)} of {len(rows)} runs recorded it")
+    return ["", line + "."]
 
 
 def check_labels(merged: list[dict[str, Any]], new: list[str]) -> None:
@@ -199,6 +229,10 @@ def mixed_conditions(rows: list[dict[str, Any]], out: Path) -> list[str]:
     if len(sizes) > 1:
         notes.append("the runs were evaluated on different numbers of test instances ("
                      + ", ".join(map(str, sizes)) + "): their success rates are not comparable")
+    cpus = sorted({(r.get("machine") or {}).get("cpu") for r in rows} - {None})
+    if len(cpus) > 1:
+        notes.append(f"the runs ran on different CPUs ({', '.join(cpus)}): their seconds and "
+                     "any run that hit a wall-clock limit are not comparable")
     starts: dict[str, list[str]] = {}
     for row in rows:
         starts.setdefault(start_checkpoint(row, rows, out), []).append(row["label"])
@@ -245,6 +279,7 @@ def write_outputs(rows: list[dict[str, Any]], out: Path, merge_notes: list[str] 
     if merge_notes:
         lines += ["", "Merged from earlier comparisons (each run's store is its folder's "
                   "compare.db):", ""] + [f"- {note}" for note in merge_notes]
+    lines += machine_lines(rows)
     lines += ["", "Success: held-out instances solved before and after RL, Wilson 95% intervals; "
               "gain: Newcombe 95% interval. Plots: success-vs-seconds.png/.svg, "
               "success-vs-tokens.png/.svg."]

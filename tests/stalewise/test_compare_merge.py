@@ -100,3 +100,21 @@ def test_a_label_twice_or_a_folder_without_a_comparison_is_refused_before_anythi
     assert result.exit_code == 2 and "also the output folder" in result.output
     result = merge()
     assert result.exit_code == 2 and "name the job configs" in result.output
+
+
+def test_the_table_names_each_runs_machine_and_warns_where_the_cpus_differ(tmp_path):
+    a = comparison(tmp_path / "a", [run_row("x-s0", "x", 50, 70, machine={
+        "cpu": "Intel Xeon", "cores": 2, "load_avg_end": [2.0, 2.1, 2.2]})])
+    b = comparison(tmp_path / "b", [run_row("x-s1", "x", 50, 71)])  # before `machine`
+    report = tmp_path / "b" / "runs" / "x-s1-id" / "report.json"
+    report.parent.mkdir(parents=True)
+    report.write_text(json.dumps({"summary": {"numerics": {"cpu": "AMD EPYC"}}}))
+    out = tmp_path / "merged"
+    result = merge("--merge", str(a), "--merge", str(b), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    table = (out / "compare.md").read_text()
+    assert "Machine: Intel Xeon, 2 cores (1 runs); AMD EPYC (1 runs)" in table
+    assert "at the runs' ends: 2.2 (x-s0) to 2.2 (x-s0), 1 of 2 runs recorded it" in table
+    assert "different CPUs (AMD EPYC, Intel Xeon)" in table
+    rows = json.loads((out / "compare.json").read_text())["runs"]
+    assert rows[1]["machine"] == {"cpu": "AMD EPYC"}

@@ -151,9 +151,9 @@ def run_one(job, label: str, config: Path,
 
 def machine_now() -> dict[str, Any]:
     """The machine a run ended on: its CPU, its cores and the load average (1, 5 and 15
-    minutes) at that moment, so a table names the CPU beside its figures and a run that shared
-    the machine with other work shows it (a run's own engine, sandboxes and learner keep the
-    load near the core count)."""
+    minutes) at that moment, so a table names the CPU beside its figures. The load counts the
+    run's own engine, learner and sandboxes too (a `long` job alone keeps 2 cores near 9), so
+    read it against the other runs of the same job: one that shared the machine reads higher."""
     import os
 
     from core.numerics import cpu_facts

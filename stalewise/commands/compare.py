@@ -186,8 +186,8 @@ def _machine_from_report(run_dir: Path) -> dict[str, Any] | None:
 
 
 def machine_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """compare.md's line naming the machines the runs ended on, and the load average over 15
-    minutes at their ends (a run alone on the machine keeps it near the core count)."""
+    """compare.md's line naming the machines the runs ended on, and the range of the load
+    average over 15 minutes at their ends (`orchestrator.comparison.machine_now`)."""
     cpus: dict[str, int] = {}
     for row in rows:
         machine = row.get("machine") or {}

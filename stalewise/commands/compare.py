@@ -152,6 +152,9 @@ class MergeError(ValueError):
     """An earlier comparison's folder that cannot be merged, with what to do about it."""
 
 
+_ROW_KEYS = ("label", "config", "run_id", "exit_code", "before", "after")
+
+
 def merged_runs(folders: list[Path]) -> tuple[list[dict[str, Any]], list[str]]:
     """The finished runs of each folder's compare.json, each marked with its folder, and one
     note per folder saying how many runs came from it and which it left out (failed or stopped
@@ -167,6 +170,13 @@ def merged_runs(folders: list[Path]) -> tuple[list[dict[str, Any]], list[str]]:
                              "wrote (its --out)") from None
         except (json.JSONDecodeError, KeyError, TypeError) as err:
             raise MergeError(f"{path} is not a comparison's output ({err})") from None
+        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+            raise MergeError(f"{path}: `runs` is not a list of rows")
+        for r in runs:
+            missing = [k for k in _ROW_KEYS if k not in r]
+            if missing:
+                raise MergeError(f"{path}: run {r.get('label', '?')} has no "
+                                 f"{', '.join(missing)}; was the file edited by hand?")
         kept = [r for r in runs if r.get("exit_code") == 0 and r.get("after", (0, 0))[1]]
         left = [f"{r.get('label')} (exit {r.get('exit_code')})" for r in runs if r not in kept]
         rows += [{**r, "merged_from": str(folder), "machine": r.get("machine") or

@@ -96,6 +96,10 @@ def test_a_label_twice_or_a_folder_without_a_comparison_is_refused_before_anythi
     assert result.exit_code == 2 and "this comparison's jobs" in result.output
     result = merge("--merge", str(tmp_path / "nothing"), "--out", str(tmp_path / "o3"))
     assert result.exit_code == 2 and "compare.json does not exist" in result.output
+    broken = comparison(tmp_path / "broken", [{"label": "x-s5", "exit_code": 0}])
+    result = merge("--merge", str(broken), "--out", str(tmp_path / "o4"))
+    assert result.exit_code == 2 and "run x-s5 has no config, run_id, before, after" in \
+        result.output
     result = merge("--merge", str(a), "--out", str(a))
     assert result.exit_code == 2 and "also the output folder" in result.output
     result = merge()

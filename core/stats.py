@@ -56,3 +56,59 @@ def newcombe_difference(successes_a: int, n_a: int, successes_b: int, n_b: int,
     low = difference - math.sqrt((b.estimate - b.low) ** 2 + (a.high - a.estimate) ** 2)
     high = difference + math.sqrt((b.high - b.estimate) ** 2 + (a.estimate - a.low) ** 2)
     return Interval(difference, max(-1.0, low), min(1.0, high))
+
+
+def welch_p_value(mean_a: float, sd_a: float, n_a: int, mean_b: float, sd_b: float,
+                  n_b: int) -> tuple[float, float, float]:
+    """(t, degrees of freedom, two-sided p) of Welch's t-test that two means differ, from each
+    sample's mean, standard deviation and size (two or more each). Where both spreads are zero
+    the p-value is 0 for different means and 1 for equal ones."""
+    if n_a < 2 or n_b < 2:
+        raise ValueError(f"Welch's test needs two or more values a side, got {n_a} and {n_b}")
+    va, vb = sd_a * sd_a / n_a, sd_b * sd_b / n_b
+    if va + vb == 0.0:
+        return (math.inf if mean_a != mean_b else 0.0), math.inf, float(mean_a == mean_b)
+    t = (mean_a - mean_b) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va * va / (n_a - 1) + vb * vb / (n_b - 1))
+    # P(|T| > t) for Student's t with df degrees of freedom is I_x(df/2, 1/2), x = df/(df+t^2)
+    return t, df, _incomplete_beta(df / (df + t * t), df / 2, 0.5)
+
+
+def holm(p_values: list[float], alpha: float = 0.05) -> list[bool]:
+    """Holm's step-down procedure: which of the hypotheses to reject while keeping the chance
+    of any false rejection among all of them at most `alpha`."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    rejected = [False] * len(p_values)
+    for rank, i in enumerate(order):
+        if p_values[i] > alpha / (len(p_values) - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def _incomplete_beta(x: float, a: float, b: float) -> float:
+    """The regularised incomplete beta function I_x(a, b), by its continued fraction
+    (modified Lentz), on the side of x where the fraction converges fast."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - _incomplete_beta(1.0 - x, b, a)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                     + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= c * d
+        if abs(c * d - 1.0) < 1e-14:
+            break
+    return front * fraction

@@ -257,21 +257,27 @@ def _spread(values: list[float]) -> dict[str, float] | None:
             "sd": round(sd, 4) if sd is not None else None, "n": len(values)}
 
 
-def ranking(spread: list[dict[str, Any]]) -> list[str]:
-    """Pairs of recipes whose success after RL differs by more than twice the standard error
-    of the difference between their seed means (each recipe needs two seeds or more); pairs
-    within that are named as not separated. Nothing is ranked on one seed."""
+def ranking(spread: list[dict[str, Any]], alpha: float = 0.05) -> list[str]:
+    """Every pair of recipes with two seeds or more, tested with Welch's t-test on their seeds'
+    success after RL; a recipe is named above another only where Holm's procedure over all the
+    pairs rejects "no difference" at `alpha`, so that with many recipes the chance of any false
+    ranking stays at most `alpha`. Other pairs are named as not separated. Nothing is ranked on
+    one seed."""
+    from core.stats import holm, welch_p_value
+
     ranked = sorted((r for r in spread if r["after"] and r["after"]["sd"] is not None),
                     key=lambda r: -r["after"]["mean"])
+    pairs = [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:]]
+    tests = [welch_p_value(a["after"]["mean"], a["after"]["sd"], a["after"]["n"],
+                           b["after"]["mean"], b["after"]["sd"], b["after"]["n"])
+             for a, b in pairs]
+    separated = holm([p for _, _, p in tests], alpha)
     lines = []
-    for i, a in enumerate(ranked):
-        for b in ranked[i + 1:]:
-            se = (a["after"]["sd"] ** 2 / a["after"]["n"]
-                  + b["after"]["sd"] ** 2 / b["after"]["n"]) ** 0.5
-            difference = a["after"]["mean"] - b["after"]["mean"]
-            verdict = "above" if difference > 2 * se else "not separated from"
-            lines.append(f"{a['recipe']} {verdict} {b['recipe']}: {100 * difference:+.1f} "
-                         f"points, 2 standard errors {100 * 2 * se:.1f}")
+    for (a, b), (t, df, p), apart in zip(pairs, tests, separated):
+        difference = a["after"]["mean"] - b["after"]["mean"]
+        lines.append(f"{a['recipe']} {'above' if apart else 'not separated from'} "
+                     f"{b['recipe']}: {100 * difference:+.1f} points, Welch t {t:.2f} "
+                     f"(df {df:.1f}), p {p:.3g}")
     return lines
 
 

@@ -147,8 +147,10 @@ def spread_lines(spread: list[dict[str, Any]]) -> list[str]:
         lines.append(f"| {r['recipe']} | {r['seeds']} | {cell(r['after'])} | "
                      f"{cell(r['gain'])} | {r['gains_outside_noise']} of {r['finished']} |")
     ranked = ranking(spread)
-    lines += ["", "Ranking (success after RL; a recipe is above another only where the "
-              "difference of seed means exceeds twice its standard error):", ""]
+    pairs = len(ranked)  # one line per pair
+    lines += ["", "Ranking (success after RL over seeds; a recipe is above another only where "
+              f"Welch's t-test rejects equal means with Holm's correction over the {pairs} "
+              "pairs, family-wise 5%):", ""]
     lines += [f"- {line}" for line in ranked] or ["- none: every recipe needs two seeds or more"]
     return lines
 

@@ -45,3 +45,32 @@ def test_bad_counts_say_what_is_wrong():
         wilson(0, 0)
     with pytest.raises(ValueError, match="successes"):
         wilson(5, 3)
+
+
+def test_welch_p_values_match_scipy_and_holm_keeps_the_family_wise_rate():
+    import statistics
+
+    from scipy import stats
+
+    from core.stats import holm, welch_p_value
+
+    rng = random.Random(7)
+    for _ in range(300):
+        xs = [rng.gauss(0.8, 0.03) for _ in range(rng.randint(2, 6))]
+        ys = [rng.gauss(0.82, rng.uniform(0.001, 0.1)) for _ in range(rng.randint(2, 6))]
+        t, _, p = welch_p_value(statistics.mean(xs), statistics.stdev(xs), len(xs),
+                                statistics.mean(ys), statistics.stdev(ys), len(ys))
+        reference = stats.ttest_ind(xs, ys, equal_var=False)
+        assert t == pytest.approx(reference.statistic, rel=1e-9)
+        assert p == pytest.approx(reference.pvalue, rel=1e-7, abs=1e-12)
+    assert welch_p_value(0.5, 0.0, 3, 0.5, 0.0, 3)[2] == 1.0
+    assert welch_p_value(0.6, 0.0, 3, 0.5, 0.0, 3)[2] == 0.0
+    with pytest.raises(ValueError, match="two or more"):
+        welch_p_value(0.5, 0.1, 1, 0.4, 0.1, 3)
+    # Holm: 0.01 < 0.05/3 is rejected, then 0.02 < 0.05/2 is, then 0.04 < 0.05 is
+    assert holm([0.04, 0.01, 0.02]) == [True, True, True]
+    # the step-down stops at the first that fails: 0.03 > 0.05/2, so 0.04 stays too
+    assert holm([0.01, 0.03, 0.04]) == [True, False, False]
+    # twenty null pairs: any false rejection in at most 5% of families
+    false_families = sum(any(holm([rng.random() for _ in range(20)])) for _ in range(4000))
+    assert false_families / 4000 < 0.06

@@ -147,10 +147,26 @@ def test_recipes_are_ranked_only_where_the_spread_between_seeds_allows_it():
     assert spread["steady"]["gains_outside_noise"] == 3
     assert spread["low"]["gains_outside_noise"] == 0
     lines = ranking(list(spread.values()))
-    assert any(line.startswith("steady above low") for line in lines)
+    assert any(line.startswith("steady above low: +20.0 points, Welch t 24.49") for line in lines)
     assert any(line.startswith("steady not separated from noisy") for line in lines)
     assert any(line.startswith("noisy not separated from low") for line in lines)
     assert ranking(recipe_spread([run("one", 50, 90), run("other", 50, 10)])) == []
+
+
+def test_a_ranking_among_many_recipes_corrects_for_the_number_of_pairs():
+    """Two recipes 4 points apart with a 1.5-point spread over 3 seeds (p 0.03) are told apart
+    alone, and not once twenty other pairs are tested beside them."""
+    from orchestrator.comparison import ranking
+
+    def recipe(name, mean, sd=0.015, n=3):
+        return {"recipe": name, "after": {"mean": mean, "sd": sd, "n": n}}
+
+    alone = ranking([recipe("a", 0.84), recipe("b", 0.80)])
+    assert alone[0].startswith("a above b: +4.0 points") and "p 0.0" in alone[0]
+    crowd = ranking([recipe("a", 0.84), recipe("b", 0.80)]
+                    + [recipe(f"r{i}", 0.82 + 0.001 * i, sd=0.05) for i in range(5)])
+    assert len(crowd) == 21
+    assert any(line.startswith("a not separated from b: +4.0 points") for line in crowd)
 
 
 def test_run_with_seeds_runs_each_seed_and_prints_the_spread_of_the_gain(tmp_path):

@@ -20,6 +20,7 @@ fails is a row with its exit code, never a gap.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -45,7 +46,7 @@ class Comparison:
 
     def run(self, job, config: Path, seed: int) -> dict[str, Any]:
         """Run `job` at `seed`; its row."""
-        label = f"{config.stem}-s{seed}"
+        label = run_label(config, seed)
         self.say(f"compare: running {label} (budget {self.budget or 'steps'} s)")
         prepared = prepare(job, label, seed, self.budget, self.out)
         key = warm_start_key(prepared) if self.share_warm_start else None
@@ -74,6 +75,11 @@ class Comparison:
             self.baselines[before_eval_key(from_checkpoint(prepared, start))] = (
                 row["before"], label)
         return row
+
+
+def run_label(config: Path, seed: int) -> str:
+    """A run's label in a comparison: its job file's name and its seed (`long-sync-s2`)."""
+    return f"{config.stem}-s{seed}"
 
 
 def edited(job, change):
@@ -154,8 +160,6 @@ def machine_now() -> dict[str, Any]:
     minutes) at that moment, so a table names the CPU beside its figures. The load counts the
     run's own engine, learner and sandboxes too (a `long` job alone keeps 2 cores near 9), so
     read it against the other runs of the same job: one that shared the machine reads higher."""
-    import os
-
     from core.numerics import cpu_facts
 
     return {"cpu": cpu_facts()["cpu"], "cores": os.cpu_count(),

@@ -113,9 +113,9 @@ class _RawInsert:
     column but `id`, except that a column with a scalar default or a nullable one may be left
     out (its default, or NULL); extra keys are ignored, and a missing required column is a
     KeyError naming it. Values must already be driver-ready (bytes, numbers, text), except the
-    `json_columns`, which may also be dicts and are encoded here. Executed on a SQLAlchemy connection, so errors are still
-    SQLAlchemy's (`DBAPIError`, which `outage.transient` reads) and the transaction is the
-    caller's."""
+    `json_columns`, which may also be dicts and are encoded here. Executed on a SQLAlchemy
+    connection, so errors are still SQLAlchemy's (`DBAPIError`, which `outage.transient`
+    reads) and the transaction is the caller's."""
 
     def __init__(self, table: Any, json_columns: Sequence[str] = ()) -> None:
         self.table = table.name

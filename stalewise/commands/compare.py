@@ -44,7 +44,7 @@ from typing import Any
 
 import typer
 
-from orchestrator.comparison import Comparison, ranking, recipe_spread
+from orchestrator.comparison import Comparison, ranking, recipe_spread, run_label
 from stalewise.commands.compare_merge import (
     MergeError,
     check_labels,
@@ -81,7 +81,7 @@ def compare_command(
         raise typer.Exit(2)
     try:
         earlier, merge_notes = merged_runs(merge)
-        check_labels(earlier, [f"{config.stem}-s{seed}" for config in configs
+        check_labels(earlier, [run_label(config, seed) for config in configs
                                for seed in range(first_seed, first_seed + seeds)])
     except MergeError as err:
         typer.echo(f"error: --merge: {err}", err=True)
@@ -147,9 +147,8 @@ def spread_lines(spread: list[dict[str, Any]]) -> list[str]:
         lines.append(f"| {r['recipe']} | {r['seeds']} | {cell(r['after'])} | "
                      f"{cell(r['gain'])} | {r['gains_outside_noise']} of {r['finished']} |")
     ranked = ranking(spread)
-    pairs = len(ranked)  # one line per pair
     lines += ["", "Ranking (success after RL over seeds; a recipe is above another only where "
-              f"Welch's t-test rejects equal means with Holm's correction over the {pairs} "
+              f"Welch's t-test rejects equal means with Holm's correction over the {len(ranked)} "
               "pairs, family-wise 5%):", ""]
     lines += [f"- {line}" for line in ranked] or ["- none: every recipe needs two seeds or more"]
     return lines

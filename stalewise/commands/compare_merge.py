@@ -4,6 +4,7 @@ one table, and the checks that say where they are not one experiment (the module
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -39,10 +40,14 @@ def merged_runs(folders: list[Path]) -> tuple[list[dict[str, Any]], list[str]]:
             if missing:
                 raise MergeError(f"{path}: run {r.get('label', '?')} has no "
                                  f"{', '.join(missing)}; was the file edited by hand?")
-        kept = [r for r in runs if r.get("exit_code") == 0 and r.get("after", (0, 0))[1]]
-        left = [f"{r.get('label')} (exit {r.get('exit_code')})" for r in runs if r not in kept]
-        rows += [{**r, "merged_from": str(folder), "machine": r.get("machine") or
-                  _machine_from_report(folder / "runs" / str(r.get("run_id")))} for r in kept]
+        kept, left = [], []
+        for r in runs:
+            if r["exit_code"] == 0 and r["after"][1]:
+                kept.append({**r, "merged_from": str(folder), "machine": r.get("machine") or
+                             _machine_from_report(folder / "runs" / str(r["run_id"]))})
+            else:
+                left.append(f"{r['label']} (exit {r['exit_code']})")
+        rows += kept
         notes.append(f"{folder}: {len(kept)} of {len(runs)} runs"
                      + (f"; left out: {', '.join(left)}" if left else ""))
     return rows, notes
@@ -101,16 +106,19 @@ def start_checkpoint(row: dict[str, Any], rows: list[dict[str, Any]], out: Path)
     folder = Path(row.get("merged_from") or out)
     start = row.get("warm_start_from")
     if not start:  # its own warm start, or its job's model as it was
-        return _weights_digest(folder / "runs" / str(row["run_id"]) / "sft") or \
+        return _weights_digest((folder / "runs" / str(row["run_id"]) / "sft").resolve()) or \
             f"{row['label']}'s own model"
     if "/" in start:
-        return _weights_digest(Path(start)) or start
+        return _weights_digest(Path(start).resolve()) or start
     owner = next((r for r in rows if r["label"] == start
                   and r.get("merged_from") == row.get("merged_from")), None)
     return start_checkpoint(owner, rows, out) if owner else f"{start}'s warm start"
 
 
+@functools.lru_cache(maxsize=None)
 def _weights_digest(checkpoint: Path) -> str | None:
+    """The digest of a checkpoint's weight files, read once per folder (many runs of a
+    comparison start from one checkpoint)."""
     files = sorted(checkpoint.glob("*.safetensors")) + sorted(checkpoint.glob("*.bin"))
     if not files:
         return None

@@ -41,6 +41,13 @@ def merge(*args: str):
     return CliRunner().invoke(app, ["compare", *args])
 
 
+def merged_table(a: Path, b: Path, out: Path):
+    """Merge folders a and b into out: the command's result and compare.md."""
+    result = merge("--merge", str(a), "--merge", str(b), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    return result, (out / "compare.md").read_text()
+
+
 def test_merged_runs_are_ranked_together_and_stopped_runs_are_left_out(tmp_path):
     warm = checkpoint(tmp_path / "warm", b"weights")
     copy = checkpoint(tmp_path / "elsewhere" / "sft", b"weights")  # the same checkpoint, copied
@@ -54,14 +61,12 @@ def test_merged_runs_are_ranked_together_and_stopped_runs_are_left_out(tmp_path)
         run_row(f"low-s{i}", "low", 50, a, warm_start_from=str(warm))
         for i, a in ((1, 61), (2, 59))])
     out = tmp_path / "merged"
-    result = merge("--merge", str(first), "--merge", str(second), "--out", str(out))
-    assert result.exit_code == 0, result.output
+    result, table = merged_table(first, second, out)
     written = json.loads((out / "compare.json").read_text())
     assert [r["label"] for r in written["runs"]] == [
         "steady-s0", "steady-s1", "low-s0", "steady-s2", "low-s1", "low-s2"]
     assert {r["recipe"]: (r["seeds"], r["after"]["mean"]) for r in written["recipes"]} == {
         "steady": (3, 0.8), "low": (3, 0.6)}
-    table = (out / "compare.md").read_text()
     assert f"{first}: 3 of 4 runs; left out: low-s1 (exit 143)" in table
     assert f"{second}: 3 of 3 runs" in table
     assert "- steady above low" in table
@@ -75,9 +80,7 @@ def test_merging_runs_of_different_starts_or_test_sizes_warns_in_the_table(tmp_p
     b = comparison(tmp_path / "b", [run_row("x-s1", "x", 50, 70, n=200, warm_start_from=str(
         checkpoint(tmp_path / "warm-b", b"two")))])
     out = tmp_path / "merged"
-    result = merge("--merge", str(a), "--merge", str(b), "--out", str(out))
-    assert result.exit_code == 0, result.output
-    table = (out / "compare.md").read_text()
+    result, table = merged_table(a, b, out)
     assert "different numbers of test instances (100, 200)" in table
     assert "different checkpoints (x-s0; x-s1)" in table
     assert "warning: the runs started RL from different checkpoints" in result.output
@@ -114,9 +117,7 @@ def test_the_table_names_each_runs_machine_and_warns_where_the_cpus_differ(tmp_p
     report.parent.mkdir(parents=True)
     report.write_text(json.dumps({"summary": {"numerics": {"cpu": "AMD EPYC"}}}))
     out = tmp_path / "merged"
-    result = merge("--merge", str(a), "--merge", str(b), "--out", str(out))
-    assert result.exit_code == 0, result.output
-    table = (out / "compare.md").read_text()
+    result, table = merged_table(a, b, out)
     assert "Machine: Intel Xeon, 2 cores (1 runs); AMD EPYC (1 runs)" in table
     assert "at the runs' ends: 2.2 (x-s0) to 2.2 (x-s0), 1 of 2 runs recorded it" in table
     assert "different CPUs (AMD EPYC, Intel Xeon)" in table

@@ -9,7 +9,9 @@ Modes (design.md):
   in flight as a future admission; `pipeline.reserve = "expected"` counts each as the share
   admitted so far, and admission's `stale` rule then handles those that land too late) and
   at most `max_queue` admitted trajectories may wait unconsumed. As many groups as the bounds
-  allow are created in one writer transaction. `admission.cancel_stale` stops a trajectory in
+  allow are created in one writer transaction. The driver keeps up to one group's members
+  created and waiting for a slot (`rollout.max_concurrent` still bounds the loops running), so
+  a slot that frees is taken at once instead of idling through the next group's creation. `admission.cancel_stale` stops a trajectory in
   flight once it could only be dropped as stale. Each trajectory stays on the version it
   started with (the engine keeps older versions resident for pinned trajectories, `pin`
   updates); new trajectories start on the newest. Engines that cannot pin (vLLM) use `drain`
@@ -217,10 +219,12 @@ class Pipeline:
         """What holds the next group back under the async bounds (see module docstring), or
         None: `engine` (down), `concurrency`, `queue` (unconsumed admissions), `pacing`,
         `staleness`. `planned`: members of groups about to be dispatched with it."""
-        group = self.cfg.rollout.group_size + planned
+        size = self.cfg.rollout.group_size
+        group = size + planned
         if self._engine_down:
             return "engine"
-        if self.in_flight + self.starting + group > self.cfg.rollout.max_concurrent:
+        # a slot that frees goes to a member already waiting for it (at most one group's worth)
+        if self.in_flight + self.starting + group > self.cfg.rollout.max_concurrent + size:
             return "concurrency"
         if self.stream_head - self.learner.consumed_seq >= self.cfg.pipeline.max_queue:
             return "queue"
@@ -458,6 +462,7 @@ class Pipeline:
             finally:
                 self.in_flight -= 1
                 self._running.pop(trajectory_id, None)
+                self._notify()  # a slot is free: the driver may refill the members waiting
         if running.scope.cancelled_caught:  # `_cancel_stale` stopped it: a certain stale drop
             await self._stale_cancelled(group, sample, trajectory_id, attempt, running)
             return

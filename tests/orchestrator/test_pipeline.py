@@ -17,6 +17,7 @@ from pipeline_fixtures import (
     CHAT,
     coin_engine,
     coin_family,
+    coin_script,
     fake_sandbox,
     rewarded_coin_family,
 )
@@ -27,7 +28,7 @@ from core.engine_api import VersionNotResidentError
 from core.store import schema as s
 from core.store.store import Store
 from orchestrator.engines.pinning import PinOnFirstCall
-from orchestrator.engines.scripted import FakeEngineClient, LatencyModel
+from orchestrator.engines.scripted import FakeEngineClient, LatencyModel, ScriptedEngine
 from orchestrator.pipeline import Pipeline
 from orchestrator.testing import FakeLearner
 from orchestrator.writer import running_writer
@@ -395,6 +396,53 @@ def test_a_pipeline_cancelled_at_any_of_50_moments_raises_nothing_and_ends_every
         assert all(t.error for t in trajectories if t.status == "aborted"), where
         ended = {t.id for t in trajectories if t.status in ("completed", "failed", "truncated")}
         assert streamed <= ended, where
+
+
+def test_async_dispatch_readies_the_next_group_while_every_slot_is_busy(sqlite_url):
+    """A slot that frees is taken at once by a member created ahead of it, not after the next
+    group's rows are committed: the driver creates a group while fewer slots are free than the
+    group has members (those wait for a slot), and no more than `max_concurrent` loops ever
+    run at once."""
+    dispatched_at: list[int] = []  # loops running when each batch of groups was decided on
+    running: list[int] = []  # loops running at each model call
+
+    class Recording(Pipeline):
+        async def _dispatch_groups(self, count):
+            dispatched_at.append(self.in_flight)
+            return await super()._dispatch_groups(count)
+
+    class Counting(ScriptedEngine):
+        async def generate(self, request):
+            running.append(holder[0].in_flight)
+            return await super().generate(request)
+
+    holder: list = []
+    cfg = parse_config({"rollout": {"group_size": 2, "max_concurrent": 4},
+                        "learner": {"batch_size": 4}, "admission": {"max_lag": 100},
+                        "pipeline": {"mode": "async", "steps": 8}})
+    store = Store.open(sqlite_url, create=True)
+    store.create_run("r", name="t", config={}, pipeline_mode="async")
+    learner = FakeLearner(store, "r", batch_size=4, max_steps=8)
+
+    async def main():
+        async with running_writer(store) as writer, anyio.create_task_group() as tg:
+            await tg.start(learner.run)
+            pipeline = Recording(run_id="r", cfg=cfg, store=store, writer=writer,
+                                 engine=Counting(coin_script, keep_requests=False,
+                                                 latency=LatencyModel(fixed_s=0.01,
+                                                                      jitter_sigma=1.0)),
+                                 family=coin_family(), chat_format=CHAT, acquire=fake_sandbox,
+                                 poll_s=0.01)
+            holder.append(pipeline)
+            with anyio.fail_after(60):
+                await pipeline.run()
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    check_stream(store, learner, steps=8)
+    assert max(running) == 4
+    assert max(dispatched_at) > 4 - 2, dispatched_at  # 3 running: one slot for two members
+    store.close()
 
 
 def test_a_cancelled_pipeline_dispatches_no_more_groups(tmp_path):

@@ -9,6 +9,7 @@ here (speed is for the scripts to print, never for a test to bound).
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ CASES = {
     "agent_loop": (["--formats", "hermes", "--suites", "arith", "--concurrency", "10",
                     "--trajectories", "10"], "hermes    arith", ()),
     "mcp_calls": (["--calls", "3"], "then median", ()),
+    "pipeline": (["--quick", "--sweep", ""], "staleness-feasible", ()),
     "sandbox": (["--sandboxes", "2", "--execs", "2", "--samples", "5"], "errors: 0",
                 (pytest.mark.docker,)),
 }
@@ -67,3 +69,58 @@ def test_the_store_benchmark_refuses_a_database_that_exists(tmp_path):
     assert done.returncode != 0
     assert f"{existing} exists" in done.stderr and "another --url" in done.stderr
     assert existing.read_bytes() == b"recorded runs"
+
+
+def bench_module(name: str):
+    """bench/NAME.py imported as a module (nothing in the packages imports the scripts)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_staleness_bound_is_the_ideal_when_every_trajectory_ends_within_the_lag():
+    feasible = bench_module("pipeline").staleness_feasible
+    # 10 slots of 1 s trajectories: the ideal is 10/s, one version bump every 0.5 s at it
+    rate, stopped = feasible([(1.0, 1.0)], 10.0, slots=10, kept=1.0, batch=5, max_lag=8)
+    assert rate == pytest.approx(10.0) and stopped == 0.0
+
+
+def test_the_staleness_bound_caps_the_rate_where_a_trajectory_would_see_too_many_versions():
+    feasible = bench_module("pipeline").staleness_feasible
+    # max_lag 0: a 1 s trajectory must end before the first bump, batch / rate seconds away,
+    # so the rate stays under 5/s although the slots allow 10/s
+    rate, stopped = feasible([(1.0, 1.0)], 10.0, slots=10, kept=1.0, batch=5, max_lag=0)
+    assert 4.9 < rate < 5.0 and stopped == 0.0
+
+
+def test_the_staleness_bound_reports_what_a_rate_bought_by_stopping_the_long_ones_costs():
+    feasible = bench_module("pipeline").staleness_feasible
+    # half 0.1 s, half 1 s: the ideal is 10 / 0.55 = 18.2/s. Under 10/s a version lasts over
+    # 0.1 s, so the short ones are admitted and the long ones stopped when the version moves:
+    # the slots then turn over fast enough for 10/s, half the dispatched work thrown away.
+    ideal = 10 / 0.55
+    rate, stopped = feasible([(0.5, 0.1), (0.5, 1.0)], ideal, slots=10, kept=1.0, batch=1,
+                             max_lag=0)
+    assert 9.9 < rate < 10.0 and stopped == pytest.approx(0.5)
+    assert feasible([(0.5, 0.1), (0.5, 1.0)], ideal, slots=10, kept=1.0, batch=1,
+                    max_lag=100) == (pytest.approx(ideal), 0.0)
+
+
+def test_the_run_ideal_is_the_slots_rate_where_nothing_ramps_and_the_learner_is_free():
+    run_ideal = bench_module("pipeline").run_ideal
+    # 2 slots, 1 s trajectories, groups of 1 all kept: 2 done each second, a batch of 2 a step
+    assert run_ideal([1.0] * 10, slots=2, group=1, kept=1.0, batch=2, steps=3,
+                     learner_s=0.0) == pytest.approx(2.0)
+
+
+def test_the_run_ideal_counts_a_groups_wait_for_its_last_member_and_the_learners_steps():
+    run_ideal = bench_module("pipeline").run_ideal
+    # 3 slots, groups of 2: the second group's second member starts when a slot frees at 1 s,
+    # so that group is decided at 2 s; the learner steps 0.5 s after each batch of 2
+    assert run_ideal([1.0] * 4, slots=3, group=2, kept=1.0, batch=2, steps=2,
+                     learner_s=0.5) == pytest.approx(4 / 2.5)
+    # a slow learner sets the pace: one batch of 2 trajectories, then 10 s steps
+    assert run_ideal([0.1] * 20, slots=4, group=2, kept=1.0, batch=2, steps=3,
+                     learner_s=10.0) == pytest.approx(6 / 30.1)

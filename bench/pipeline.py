@@ -14,9 +14,11 @@ costs proportionally more), and a group dropped by admission is replaced at once
 the round. `sync b=BATCH` (the async modes' batch, most slots idle) is printed for reference.
 
 The ideal bound is computed from the workload alone, never from a mode's measurements: the
-instances the run dispatches, their demonstrations' tool latencies and sampled tokens, the
-share of groups dynamic sampling keeps (1 - p^G - (1-p)^G for a correct share p), and the
-learner's time per trajectory:
+instances the run dispatches, the demonstration the scripted policy replays for each of their
+trajectories (correct or wrong, drawn from the trajectory's id: `replays_correct`), those
+demonstrations' tool latencies and sampled tokens, the share of these groups dynamic sampling
+keeps (those with both a correct and a wrong member: 78% of the first hundred groups, where
+1 - p^G - (1-p)^G = 84% is the long-run share), and the learner's time per trajectory:
 
     ideal = min(slots / E[duration] * kept, engine_slots / E[decode time] * kept,
                 batch / learner_s)
@@ -82,7 +84,7 @@ from core.tiny_tokenizer import build_tiny_tokenizer
 from orchestrator.engines.scripted import ScriptedEngine
 from orchestrator.pipeline import Pipeline
 from orchestrator.report import store_ledger
-from orchestrator.testing import CapacityEngine, DemoScript, FakeLearner
+from orchestrator.testing import CapacityEngine, DemoScript, FakeLearner, replays_correct
 from orchestrator.writer import running_writer
 from tasks.chat import make_chat_format
 from tasks.suites import longhaul
@@ -142,19 +144,28 @@ def task_durations(args, count: int) -> list[tuple[tuple[float, float], tuple[fl
     return out
 
 
+def dispatched_groups(args, count: int) -> list[tuple[list[tuple[float, float]], bool]]:
+    """The first `count` groups a run dispatches, in order: each member's (seconds, of which
+    decoding), unqueued, as the scripted policy replays it, and whether the group has reward
+    variance (dynamic sampling keeps it). The policy replays the correct demonstration where
+    `replays_correct` says so for the member's trajectory id, and a fresh store numbers the
+    members of group k from k * group + 1, in every mode."""
+    groups = []
+    for k, (correct, wrong) in enumerate(task_durations(args, count)):
+        draws = [replays_correct(str(k * args.group + j + 1), CORRECT_SHARE)
+                 for j in range(args.group)]
+        groups.append(([correct if c else wrong for c in draws], len(set(draws)) == 2))
+    return groups
+
+
 def ideal_bound(args, *, learner_s: float) -> Bound:
     """The admitted rate no mode can beat on this workload (see the module docstring)."""
     groups = math.ceil(args.steps * args.batch / args.group * 1.5)  # dispatched, with drops
-    tasks = task_durations(args, groups + math.ceil(2 * args.slots / args.group))
-    durations, decode = [], []
-    for correct, wrong in tasks[:groups]:
-        for (seconds, decode_s), weight in ((correct, CORRECT_SHARE), (wrong, 1 - CORRECT_SHARE)):
-            durations.append((weight, seconds))
-            decode.append((weight, decode_s))
-    mean_duration = sum(w * d for w, d in durations) / sum(w for w, _ in durations)
-    mean_decode = sum(w * d for w, d in decode) / sum(w for w, _ in decode)
-    p, g = CORRECT_SHARE, args.group
-    kept = 1 - p ** g - (1 - p) ** g  # groups with reward variance survive dynamic sampling
+    run_groups = dispatched_groups(args, groups + math.ceil(2 * args.slots / args.group))
+    members = [member for group, _ in run_groups[:groups] for member in group]
+    mean_duration = fmean(seconds for seconds, _ in members)
+    mean_decode = fmean(decode_s for _, decode_s in members)
+    kept = sum(kept for _, kept in run_groups[:groups]) / groups
     generation = args.slots / mean_duration * kept
     engine = args.engine_slots / mean_decode * kept
     learner = args.batch / learner_s
@@ -163,39 +174,42 @@ def ideal_bound(args, *, learner_s: float) -> Bound:
     in_flight = min(args.slots, (args.max_lag + 1) * args.batch)
     lag_bounded = min(in_flight / mean_duration * kept, engine, learner)
     ideal = min(generation, engine, learner)
-    feasible, stopped = staleness_feasible(durations, ideal, slots=args.slots, kept=kept,
-                                           batch=args.batch, max_lag=args.max_lag)
-    expected = [p * c[0] + (1 - p) * w[0] for c, w in tasks]
-    run = run_ideal(expected, slots=args.slots, group=g, kept=kept, batch=args.batch,
-                    steps=args.steps, learner_s=learner_s)
+    feasible, stopped = staleness_feasible([(1.0, seconds) for seconds, _ in members], ideal,
+                                           slots=args.slots, kept=kept, batch=args.batch,
+                                           max_lag=args.max_lag)
+    run = run_ideal([([seconds for seconds, _ in group], kept) for group, kept in run_groups],
+                    slots=args.slots, batch=args.batch, steps=args.steps, learner_s=learner_s)
     return Bound(ideal, generation, engine, learner, mean_duration, kept, lag_bounded,
                  in_flight, feasible, stopped, run)
 
 
-def run_ideal(durations: list[float], *, slots: int, group: int, kept: float, batch: int,
-              steps: int, learner_s: float) -> float:
+def run_ideal(groups: list[tuple[list[float], bool]], *, slots: int, batch: int, steps: int,
+              learner_s: float) -> float:
     """The admitted rate of this run's length with nothing lost but its ramp-up and drain:
-    groups of the tasks in `durations` (each member's expected seconds, in dispatch order)
-    start the moment a slot frees, with no staleness bound, no engine queueing and no
-    overhead; each group, once its last member ends, adds `kept * group` admissions (the
-    expected share); the learner takes a step of `learner_s` once a batch is admitted and the
-    previous step is done. `steps * batch` over the end of the last step."""
+    the `groups` (each member's seconds, and whether the group is kept), in dispatch order,
+    each member started the moment a slot frees, with no staleness bound, no engine queueing
+    and no overhead; a kept group's members are admitted when its last member ends, and the
+    learner takes a step of `learner_s` once a batch is admitted and the previous step is
+    done. `steps * batch` over the end of the last step."""
     free = [0.0] * slots  # when each slot frees (a heap)
-    ends = []
-    for seconds in durations:
+    decided = []
+    for members, kept in groups:
         last = 0.0
-        for _ in range(group):
+        for seconds in members:
             end = heapq.heappop(free) + seconds
             heapq.heappush(free, end)
             last = max(last, end)
-        ends.append(last)
-    ends.sort()
-    per_group, done = kept * group, 0.0
+        if kept:
+            decided.append((last, len(members)))
+    decided.sort()
+    admitted, ready_at, done, next_group = 0, 0.0, 0.0, 0
     for step in range(1, steps + 1):
-        needed = math.ceil(step * batch / per_group)  # groups decided by this step's batch
-        if needed > len(ends):
-            raise ValueError(f"run_ideal: {len(ends)} groups cannot fill {steps} steps")
-        done = max(done, ends[needed - 1]) + learner_s
+        while admitted < step * batch:
+            if next_group == len(decided):
+                raise ValueError(f"run_ideal: {len(groups)} groups cannot fill {steps} steps")
+            ready_at, size = decided[next_group]
+            admitted, next_group = admitted + size, next_group + 1
+        done = max(done, ready_at) + learner_s
     return steps * batch / done
 
 
@@ -379,11 +393,14 @@ def print_holds(rows: list[dict]) -> None:
             print(f"  {r['mode']:>18}: {held} (of {r['wall_s']:.1f} s)")
 
 
-def describe_bound(bound: Bound, learner_s: float) -> str:
+def describe_bound(bound: Bound, learner_s: float, group: int) -> str:
+    p, g = CORRECT_SHARE, group
     return (f"ideal {bound.per_s:.2f} adm/s, set by the {bound.limit} (generation "
             f"{bound.generation_per_s:.2f}, engine {bound.engine_per_s:.2f}, learner "
             f"{bound.learner_per_s:.2f} at {learner_s} s per step; mean trajectory "
-            f"{bound.mean_duration_s:.2f} s unqueued, {100 * bound.kept:.0f}% of groups kept); "
+            f"{bound.mean_duration_s:.2f} s unqueued, {100 * bound.kept:.0f}% of groups kept: "
+            f"the scripted policy's draws for these trajectory ids, "
+            f"{100 * (1 - p ** g - (1 - p) ** g):.0f}% expected over many); "
             f"lag ideal {bound.lag_bounded_per_s:.2f} adm/s (the same with at most "
             f"(max_lag + 1) batches in flight, the async modes' staleness bound)\n"
             f"run ideal {bound.run_per_s:.2f} adm/s: the ideal over this run's length, its "
@@ -443,7 +460,7 @@ def main() -> None:
               f"{args.slots} in flight, {args.engine_slots} engine slots, max_lag "
               f"{args.max_lag}, tool latency lognormal(median {args.latency} s, sigma 1), "
               f"k = 1..{args.max_k}")
-        print(describe_bound(bound, args.learner_s))
+        print(describe_bound(bound, args.learner_s, args.group))
         print_table(rows, bound, weighted=args.reweight != "none")
         print_steady(rows, bound)
         print_holds(rows)

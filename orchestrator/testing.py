@@ -66,6 +66,11 @@ class FakeLearner:
         return self.store.trajectory(entry.trajectory_id)
 
 
+def replays_correct(key: str, correct_fraction: float) -> bool:
+    """Whether `DemoScript` replays the correct demonstration for trajectory `key` (its id)."""
+    return (zlib.crc32(key.encode()) % 1000) / 1000 < correct_fraction
+
+
 class DemoScript:
     """A scripted-engine script that replays each trajectory's own task demonstration.
 
@@ -86,7 +91,7 @@ class DemoScript:
         task = self.task_of(int(key))
         if task is None:
             raise KeyError(f"DemoScript: trajectory {key} is not in flight")
-        correct = (zlib.crc32(key.encode()) % 1000) / 1000 < self.correct_fraction
+        correct = replays_correct(key, self.correct_fraction)
         turns = self._by_task.get((task.key, correct))
         if turns is None:
             if len(self._by_task) > 4096:

@@ -111,7 +111,7 @@ def test_the_staleness_bound_reports_what_a_rate_bought_by_stopping_the_long_one
 def test_the_run_ideal_is_the_slots_rate_where_nothing_ramps_and_the_learner_is_free():
     run_ideal = bench_module("pipeline").run_ideal
     # 2 slots, 1 s trajectories, groups of 1 all kept: 2 done each second, a batch of 2 a step
-    assert run_ideal([1.0] * 10, slots=2, group=1, kept=1.0, batch=2, steps=3,
+    assert run_ideal([([1.0], True)] * 10, slots=2, batch=2, steps=3,
                      learner_s=0.0) == pytest.approx(2.0)
 
 
@@ -119,8 +119,17 @@ def test_the_run_ideal_counts_a_groups_wait_for_its_last_member_and_the_learners
     run_ideal = bench_module("pipeline").run_ideal
     # 3 slots, groups of 2: the second group's second member starts when a slot frees at 1 s,
     # so that group is decided at 2 s; the learner steps 0.5 s after each batch of 2
-    assert run_ideal([1.0] * 4, slots=3, group=2, kept=1.0, batch=2, steps=2,
+    assert run_ideal([([1.0, 1.0], True)] * 4, slots=3, batch=2, steps=2,
                      learner_s=0.5) == pytest.approx(4 / 2.5)
     # a slow learner sets the pace: one batch of 2 trajectories, then 10 s steps
-    assert run_ideal([0.1] * 20, slots=4, group=2, kept=1.0, batch=2, steps=3,
+    assert run_ideal([([0.1, 0.1], True)] * 20, slots=4, batch=2, steps=3,
                      learner_s=10.0) == pytest.approx(6 / 30.1)
+
+
+def test_the_run_ideal_admits_nothing_from_a_dropped_group_but_spends_its_slot_time():
+    run_ideal = bench_module("pipeline").run_ideal
+    # one slot: the dropped group runs 0-1 s, the kept one 1-2 s
+    assert run_ideal([([1.0], False), ([1.0], True)], slots=1, batch=1, steps=1,
+                     learner_s=0.0) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="cannot fill"):
+        run_ideal([([1.0], False)] * 3, slots=1, batch=1, steps=1, learner_s=0.0)

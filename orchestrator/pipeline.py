@@ -191,6 +191,7 @@ class Pipeline:
         # fallback for engines that cannot pin (vLLM): later turns may use newer weights.
         self.async_updates: UpdateMode = "pin" if engine.can_pin else "drain"
         self._engine_down = False
+        self._held_on: str | None = None  # what the async driver waits on, while it waits
         self._changed = anyio.Event()
 
     # ------------------------------------------------------------------ coordination
@@ -282,7 +283,11 @@ class Pipeline:
             hold = self._dispatch_hold()
             if hold is not None:  # the wait is charged to what held dispatch when it began
                 started = time.monotonic()
-                await self._wait_until(lambda: self.done() or self._room_for_group())
+                self._held_on = hold
+                try:
+                    await self._wait_until(lambda: self.done() or self._room_for_group())
+                finally:
+                    self._held_on = None
                 self.stats.held_s[hold] += time.monotonic() - started
             if self.done():
                 return
@@ -462,7 +467,8 @@ class Pipeline:
             finally:
                 self.in_flight -= 1
                 self._running.pop(trajectory_id, None)
-                self._notify()  # a slot is free: the driver may refill the members waiting
+                if self._held_on == "concurrency":  # a slot is free: refill the members waiting
+                    self._notify()
         if running.scope.cancelled_caught:  # `_cancel_stale` stopped it: a certain stale drop
             await self._stale_cancelled(group, sample, trajectory_id, attempt, running)
             return

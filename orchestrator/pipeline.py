@@ -11,12 +11,12 @@ Modes (design.md):
   at most `max_queue` admitted trajectories may wait unconsumed. As many groups as the bounds
   allow are created in one writer transaction. The driver keeps up to one group's members
   created and waiting for a slot (`rollout.max_concurrent` still bounds the loops running), so
-  a slot that frees is taken at once instead of idling through the next group's creation. `admission.cancel_stale` stops a trajectory in
-  flight once it could only be dropped as stale. Each trajectory stays on the version it
-  started with (the engine keeps older versions resident for pinned trajectories, `pin`
-  updates); new trajectories start on the newest. Engines that cannot pin (vLLM) use `drain`
-  instead: the requests in progress finish first, and a trajectory's later turns may use newer
-  weights.
+  a slot that frees is taken at once instead of idling through the next group's creation.
+  `admission.cancel_stale` stops a trajectory in flight once it could only be dropped as
+  stale. Each trajectory stays on the version it started with (the engine keeps older
+  versions resident for pinned trajectories, `pin` updates); new trajectories start on the
+  newest. Engines that cannot pin (vLLM) use `drain` instead: the requests in progress finish
+  first, and a trajectory's later turns may use newer weights.
 - `inflight`: as `async`, and new weights are swapped in between two decode steps: sequences in
   progress continue under the new weights with their KV cache retained or recomputed.
 

@@ -50,7 +50,9 @@ gain depends on the ratio of generation time to learner time.
 
 With `--reweight propensity` every mode admits with selection-bias weights (`core.selection`)
 and the table adds the TVs of the admitted mix weighted by them: the mix the learner's loss
-sees, against the generated one. `--pacing TV` holds dispatch while the admitted mix of the
+sees, against the generated one; and `beyond weights`, the share of generated work in buckets
+no weight within the clip can restore (`core.selection.beyond_weights_share`): where it is
+large, the weighted TVs cannot come down. `--pacing TV` holds dispatch while the admitted mix of the
 latest decisions is further than TV from the generated one; compare its rows' adm/s and TVs
 with a run without it.
 
@@ -299,6 +301,7 @@ def run_mode(mode: str, kv: str, batch_kind: str, args, directory: Path, *,
                 difficulty_tv=skew.difficulty_tv, duration_tv=skew.duration_tv,
                 weighted_difficulty_tv=skew.weighted_difficulty_tv,
                 weighted_duration_tv=skew.weighted_duration_tv,
+                beyond_weights=skew.beyond_weights_share,
                 update_pause_s=engine.update_pause_s, generated=pipeline.stats.dispatched,
                 held_s=dict(pipeline.stats.held_s), steady=steady)
 
@@ -341,6 +344,15 @@ def steady_state(store: Store, run_id: str) -> Steady:
                   window_s=window)
 
 
+WEIGHTED_HEADER = ("weighted diff TV", "weighted dur TV", "beyond weights")
+
+
+def weighted_values(r: dict) -> tuple[str, ...]:
+    """The --reweight columns of a row: the weighted TVs and the share beyond the weights."""
+    return (f"{r['weighted_difficulty_tv']:.3f}", f"{r['weighted_duration_tv']:.3f}",
+            f"{r['beyond_weights']:.3f}")
+
+
 def print_table(rows: list[dict], bound: Bound, weighted: bool = False) -> None:
     """One line per mode; with `weighted` (--reweight propensity) the TVs of the admitted mix
     weighted by its selection weights, what the learner's loss sees, follow the plain ones."""
@@ -349,7 +361,7 @@ def print_table(rows: list[dict], bound: Bound, weighted: bool = False) -> None:
               "learner busy",
               "engine active",
               "lag mean", "lag max", "difficulty TV", "duration TV", "update pause s",
-              "generated") + (("weighted diff TV", "weighted dur TV") if weighted else ())
+              "generated") + (WEIGHTED_HEADER if weighted else ())
     print("  ".join(f"{h:>13}" for h in header))
     for r in rows:
         values = (r["mode"], f"{r['wall_s']:.1f}", f"{r['admitted_per_s']:.2f}",
@@ -362,7 +374,7 @@ def print_table(rows: list[dict], bound: Bound, weighted: bool = False) -> None:
                   f"{r['mean_lag']:.2f}", str(r["max_lag"]), f"{r['difficulty_tv']:.3f}",
                   f"{r['duration_tv']:.3f}", f"{r['update_pause_s']:.2f}", str(r["generated"]))
         if weighted:
-            values += (f"{r['weighted_difficulty_tv']:.3f}", f"{r['weighted_duration_tv']:.3f}")
+            values += weighted_values(r)
         print("  ".join(f"{v:>13}" for v in values))
 
 
@@ -472,7 +484,7 @@ def main() -> None:
             weighted = args.reweight != "none"
             print("  ".join(f"{h:>13}" for h in ("order", "adm/s", "of lag ideal", "lag mean",
                                                   "difficulty TV", "duration TV")
-                            + (("weighted diff TV", "weighted dur TV") if weighted else ())))
+                            + (WEIGHTED_HEADER if weighted else ())))
             for order in orders:
                 r = run_mode("async", "recompute", "batch", args, Path(directory),
                              learner_s=args.learner_s, order=order.strip())
@@ -481,8 +493,7 @@ def main() -> None:
                           f"{r['mean_lag']:.2f}", f"{r['difficulty_tv']:.3f}",
                           f"{r['duration_tv']:.3f}")
                 if weighted:
-                    values += (f"{r['weighted_difficulty_tv']:.3f}",
-                               f"{r['weighted_duration_tv']:.3f}")
+                    values += weighted_values(r)
                 print("  ".join(f"{v:>13}" for v in values), flush=True)
         curve = []
         for learner_s in sweep:

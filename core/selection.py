@@ -87,6 +87,22 @@ def bucket_weights(generated: Counter, admitted: Counter, *, clip: float = DEFAU
     return weights
 
 
+def beyond_weights_share(generated: Counter, admitted: Counter, *,
+                         clip: float = DEFAULT_CLIP) -> float:
+    """The share of generated work in buckets no weight within `clip` can restore: those
+    nothing was admitted from, and those admitted at under 1/clip of the mean rate (a full
+    correction would take a weight above `clip`). Rates are the raw counts' (no shrinkage,
+    which would only raise the weights wanted), so this is a lower bound for the weights'
+    own table. 0 when every bucket keeps enough of its work; 1 when nothing was admitted."""
+    total_generated, total_admitted = sum(generated.values()), sum(admitted.values())
+    if not total_generated:
+        return 0.0
+    floor = total_admitted / total_generated / clip
+    beyond = sum(count for bucket, count in generated.items()
+                 if not admitted[bucket] or admitted[bucket] < floor * count)
+    return beyond / total_generated
+
+
 def propensity_weights(items: Sequence[Finished], *, clip: float = DEFAULT_CLIP,
                        prior: float = DEFAULT_PRIOR) -> list[float]:
     """One weight per item: its bucket's w_b where admitted, 0 where not."""

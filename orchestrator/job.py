@@ -376,7 +376,8 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                 log.info("evaluation", **asdict(await evaluate(label="after", version=version,
                                                                **eval_args)))
             tg.cancel_scope.cancel()
-    ledger, skew = await anyio.to_thread.run_sync(store_ledger, store, run_id)
+    ledger, skew = await anyio.to_thread.run_sync(
+        lambda: store_ledger(store, run_id, clip=job.admission.reweight_clip))
     results = await anyio.to_thread.run_sync(store.evaluations, run_id)
     curve = audit.learner_steps(store, run_id)
     lags = [r["mean_lag"] for r in curve if r["mean_lag"] is not None]
@@ -475,7 +476,8 @@ def print_summary(summary: dict, results: list[Evaluation], job: JobConfig) -> N
     weighted = ""
     if summary.get("admission_reweight", "none") != "none":
         weighted = (f" (weighted by the selection weights: {skew['weighted_difficulty_tv']:.3f} "
-                    f"and {skew['weighted_duration_tv']:.3f})")
+                    f"and {skew['weighted_duration_tv']:.3f}; generated work beyond the "
+                    f"weights {skew['beyond_weights_share']:.3f})")
     lines += [f"  selection skew: difficulty TV {skew['difficulty_tv']:.3f}, duration TV "
               f"{skew['duration_tv']:.3f}{weighted}, excluded token share "
               f"{skew['excluded_token_share']:.3f}",

@@ -8,7 +8,10 @@ are total-variation distances between the generated and admitted distributions o
 buckets and over duration quartiles (0 = no selection effect, 1 = disjoint), plus the shift in
 mean reward and the share of generation compute spent on excluded work. With `[admission]
 reweight = "propensity"` the same two TVs are also given for the admitted mix weighted by each
-trajectory's selection weight (`core.selection`): what the learner's loss sees.
+trajectory's selection weight (`core.selection`): what the learner's loss sees. Whatever the
+weights, the share of generated work beyond them (buckets of task and duration quartile that
+kept under 1/clip of the mean admitted rate, or nothing) says how much of the skew no
+reweighting can undo.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 from statistics import fmean
 from typing import Iterable, Sequence
 
-from core.selection import quartile, quartile_cuts, weighted_tv
+from core.selection import DEFAULT_CLIP, beyond_weights_share, quartile, quartile_cuts, weighted_tv
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,9 @@ class Skew:
     # every weight is 1)
     weighted_difficulty_tv: float = 0.0
     weighted_duration_tv: float = 0.0
+    # generated work in (task, duration quartile) buckets that selection weights clipped at
+    # `clip` cannot restore (core.selection.beyond_weights_share)
+    beyond_weights_share: float = 0.0
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -82,7 +88,10 @@ def _row(family: str, difficulty: str, quantile: int | None,
         mean_duration_excluded=_mean(g.duration_s for g in excluded))
 
 
-def build_ledger(items: Sequence[Generated]) -> tuple[list[LedgerRow], Skew]:
+def build_ledger(items: Sequence[Generated], *,
+                 clip: float = DEFAULT_CLIP) -> tuple[list[LedgerRow], Skew]:
+    """The ledger's rows and the run's skew; `clip` is the largest selection weight
+    (`[admission] reweight_clip`), for `Skew.beyond_weights_share`."""
     by_bucket: dict[tuple[str, str], list[Generated]] = defaultdict(list)
     for g in items:
         by_bucket[(g.family, g.difficulty)].append(g)
@@ -104,11 +113,14 @@ def build_ledger(items: Sequence[Generated]) -> tuple[list[LedgerRow], Skew]:
         return [quartile(g.duration_s, cuts) for g in gs]
 
     weights = [g.weight for g in admitted]
+    joint = [((g.family, g.difficulty), quartile(g.duration_s, cuts)) for g in items]
+    kept = [bucket for bucket, g in zip(joint, items) if g.admitted]
     skew = Skew(
         difficulty_tv=weighted_tv(tasks(items), tasks(admitted)),
         duration_tv=weighted_tv(quartiles(items), quartiles(admitted)),
         weighted_difficulty_tv=weighted_tv(tasks(items), tasks(admitted), weights),
         weighted_duration_tv=weighted_tv(quartiles(items), quartiles(admitted), weights),
+        beyond_weights_share=beyond_weights_share(Counter(joint), Counter(kept), clip=clip),
         reward_shift=None if mean_generated is None or mean_admitted is None
         else mean_admitted - mean_generated,
         generated=len(items), admitted=len(admitted),

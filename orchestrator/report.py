@@ -22,6 +22,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+from core.selection import DEFAULT_CLIP
 from core.store.rollouts import finished_spans, finished_work, insert_ledger, kv_lag_by_trajectory
 from core.store.store import Store
 from orchestrator.ledger import Generated, LedgerRow, Skew, build_ledger
@@ -61,8 +62,10 @@ def rollout_dynamics(store: Store, run_id: str) -> dict[str, Any]:
     }
 
 
-def store_ledger(store: Store, run_id: str) -> tuple[list[LedgerRow], Skew]:
-    rows, skew = build_ledger(generated_work(store, run_id))
+def store_ledger(store: Store, run_id: str, *,
+                 clip: float = DEFAULT_CLIP) -> tuple[list[LedgerRow], Skew]:
+    """The run's ledger, stored; `clip` is the run's `[admission] reweight_clip`."""
+    rows, skew = build_ledger(generated_work(store, run_id), clip=clip)
     insert_ledger(store, run_id, [asdict(r) for r in rows], computed_at=time.time())
     return rows, skew
 

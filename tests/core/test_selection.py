@@ -10,6 +10,7 @@ import pytest
 from core.selection import (
     Finished,
     OnlineWeights,
+    beyond_weights_share,
     bucket_weights,
     buckets,
     propensity_weights,
@@ -52,6 +53,26 @@ def test_clip_and_prior_bound_the_weights():
     with pytest.raises(ValueError, match="clip must be >= 1"):
         bucket_weights(generated, admitted, clip=0.5)
     assert bucket_weights(Counter({"a": 3}), Counter()) == {}
+
+
+def test_beyond_weights_share_is_the_work_no_clipped_weight_can_restore():
+    """A bucket that kept nothing, or under 1/clip of the mean admitted rate, is beyond the
+    weights; one that kept enough is not, however skewed the unweighted mix."""
+    generated = Counter({"fast": 600, "slow": 300, "slowest": 100})
+    # mean rate 0.5: at clip 5 a bucket needs a rate of at least 0.1
+    admitted = Counter({"fast": 460, "slow": 40, "slowest": 0})
+    assert beyond_weights_share(generated, admitted, clip=5.0) == pytest.approx(0.1)
+    # the slow bucket keeps 0.133: above the floor at clip 4 (0.125), under it at clip 3 (0.167)
+    assert beyond_weights_share(generated, admitted, clip=4.0) == pytest.approx(0.1)
+    assert beyond_weights_share(generated, admitted, clip=3.0) == pytest.approx(0.4)
+    # where the weights can restore every bucket, nothing is beyond them
+    kept_some = Counter({"fast": 400, "slow": 80, "slowest": 20})
+    assert beyond_weights_share(generated, kept_some, clip=5.0) == 0.0
+    w = bucket_weights(generated, kept_some, clip=5.0, prior=0.0)
+    assert max(w.values()) <= 5.0 and w["slowest"] == pytest.approx(0.5 / 0.2)
+    # nothing admitted: all of it; nothing generated: nothing
+    assert beyond_weights_share(generated, Counter(), clip=5.0) == 1.0
+    assert beyond_weights_share(Counter(), Counter()) == 0.0
 
 
 def test_propensity_weights_put_slow_work_back():

@@ -185,13 +185,19 @@ def check_exactly_once(store: Store, run_id: str, steps: int) -> None:
 
 
 def test_short_job_on_postgresql_finishes_and_cleans_up(tmp_path, model_dir, pg_url):
-    """(The same on SQLite, the default: test_user_task_file_runs and most job tests.)"""
-    proc = start(write_config(tmp_path, model_dir, steps=2, db_url=pg_url))
+    """(The same on SQLite, the default: test_user_task_file_runs and most job tests.) With
+    selection weights on, the summary gives the weighted skew and the work beyond the weights."""
+    config = write_config(tmp_path, model_dir, steps=2, db_url=pg_url)
+    config.write_text(config.read_text() + '\n[admission]\nreweight = "propensity"\n')
+    proc = start(config)
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output
     store = Store.open(pg_url)
     run = store.runs()[0]
     assert run.status == "finished" and run.summary["learner_steps"] == 2
+    skew = run.summary["selection_skew"]
+    assert 0.0 <= skew["beyond_weights_share"] <= 1.0
+    assert f"generated work beyond the weights {skew['beyond_weights_share']:.3f}" in output
     check_exactly_once(store, run.id, steps=2)
     report = json.loads((tmp_path / "runs" / run.id / "report.json").read_text())
     assert [row["step"] for row in report["learning_curve"]] == [1, 2]

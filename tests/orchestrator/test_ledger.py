@@ -62,3 +62,17 @@ def test_selection_weights_give_the_weighted_skew():
     assert skew.weighted_difficulty_tv == pytest.approx(0.0, abs=1e-12)
     unweighted = build_ledger([g("easy", 1.0, 1.0, True), g("hard", 9.0, 0.0, False)])[1]
     assert unweighted.weighted_difficulty_tv == unweighted.difficulty_tv == 0.5
+
+
+def test_the_ledger_says_how_much_work_is_beyond_the_weights():
+    """A hard tail dropped whole cannot be weighted back; one admitted at a quarter can, unless
+    the clip is too tight for it."""
+    easy = [g("easy", 1.0, 1.0, True) for _ in range(6)]
+    whole = build_ledger(easy + [g("hard", 50.0, 0.0, False, "stale_drop") for _ in range(4)])[1]
+    assert whole.beyond_weights_share == pytest.approx(0.4)
+    quarter = easy + [g("hard", 50.0, 0.0, False, "stale_drop") for _ in range(3)] \
+        + [g("hard", 50.0, 1.0, True)]
+    # mean rate 0.7, the hard bucket's 0.25: a weight of 2.8 restores it under the clip of 5
+    assert build_ledger(quarter)[1].beyond_weights_share == 0.0
+    assert build_ledger(quarter, clip=2.0)[1].beyond_weights_share == pytest.approx(0.4)
+    assert build_ledger(easy)[1].beyond_weights_share == 0.0

@@ -143,7 +143,7 @@ def task_durations(args, count: int) -> list[tuple[tuple[float, float], tuple[fl
                         for j in range(calls))
             decode_s = tokens * args.decode_ms / 1000
             pair.append((tools + decode_s, decode_s))
-        out.append((pair[0], pair[1]))
+        out.append(tuple(pair))
     return out
 
 
@@ -355,12 +355,11 @@ def weighted_values(r: dict) -> tuple[str, ...]:
 
 def print_table(rows: list[dict], bound: Bound, weighted: bool = False) -> None:
     """One line per mode; with `weighted` (--reweight propensity) the TVs of the admitted mix
-    weighted by its selection weights, what the learner's loss sees, follow the plain ones."""
+    weighted by its selection weights, what the learner's loss sees, follow the plain ones, and
+    then the share of generated work beyond the weights."""
     sync = rows[0]["admitted_per_s"]
     header = ("mode", "wall s", "adm/s", "x sync", "of ideal", "of run ideal", "of lag ideal",
-              "learner busy",
-              "engine active",
-              "lag mean", "lag max", "difficulty TV", "duration TV", "update pause s",
+              "learner busy", "engine active", "lag mean", "lag max", "difficulty TV", "duration TV", "update pause s",
               "generated") + (WEIGHTED_HEADER if weighted else ())
     print("  ".join(f"{h:>13}" for h in header))
     for r in rows:

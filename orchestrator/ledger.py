@@ -113,7 +113,7 @@ def build_ledger(items: Sequence[Generated], *,
         return [quartile(g.duration_s, cuts) for g in gs]
 
     weights = [g.weight for g in admitted]
-    joint = [((g.family, g.difficulty), quartile(g.duration_s, cuts)) for g in items]
+    joint = list(zip(tasks(items), quartiles(items)))  # the selection weights' buckets
     kept = [bucket for bucket, g in zip(joint, items) if g.admitted]
     skew = Skew(
         difficulty_tv=weighted_tv(tasks(items), tasks(admitted)),

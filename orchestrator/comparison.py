@@ -26,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.selection import DEFAULT_CLIP
+
 UNBOUNDED_STEPS = 1_000_000
 
 
@@ -149,7 +151,8 @@ def run_one(job, label: str, config: Path,
         row = {"label": label, "config": str(config), "run_id": run_id, "exit_code": code,
                "machine": machine_now()}
         if run_id is not None:
-            row.update(run_figures(store, run_id, before))
+            row.update(run_figures(store, run_id, before,
+                                   reweight_clip=job.admission.reweight_clip))
         return row
     finally:
         store.close()
@@ -172,9 +175,12 @@ def latest_run(store, name: str) -> str | None:
     return latest_run_named(store, name)
 
 
-def run_figures(store, run_id: str, before: tuple[int, int] | None = None) -> dict[str, Any]:
+def run_figures(store, run_id: str, before: tuple[int, int] | None = None, *,
+                reweight_clip: float = DEFAULT_CLIP) -> dict[str, Any]:
     """Held-out success before/after, RL seconds and tokens, and diagnostics, from the store;
-    `before` given means the run did not evaluate before RL itself."""
+    `before` given means the run did not evaluate before RL itself; `reweight_clip` is the
+    job's `[admission] reweight_clip` (the largest selection weight, for the share of work
+    beyond the weights)."""
     from core.store import audit
     from orchestrator.ledger import build_ledger
     from core.evaluation import gain_figures
@@ -184,7 +190,7 @@ def run_figures(store, run_id: str, before: tuple[int, int] | None = None) -> di
     before = before or own_before
     seconds, tokens = rl_extent(store, run_id)
     curve = audit.learner_steps(store, run_id)
-    _, skew = build_ledger(generated_work(store, run_id))
+    _, skew = build_ledger(generated_work(store, run_id), clip=reweight_clip)
     dynamics = rollout_dynamics(store, run_id)
     figures: dict[str, Any] = {
         "before": before, "after": after, "rl_seconds": seconds, "sampled_tokens": tokens,
@@ -195,6 +201,7 @@ def run_figures(store, run_id: str, before: tuple[int, int] | None = None) -> di
         "multi_version_fraction": dynamics["multi_version_fraction"],
         "difficulty_tv": skew.difficulty_tv, "duration_tv": skew.duration_tv,
         "excluded_token_share": skew.excluded_token_share,
+        "beyond_weights_share": skew.beyond_weights_share,
     }
     if before[1] and after[1]:
         figures["held_out_95"] = gain_figures(before, after)

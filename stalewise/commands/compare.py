@@ -9,9 +9,10 @@ the same workload, budget and store, then writes, in DIR:
   interval), RL wall seconds, sampled tokens, and the diagnostics read from the store: mean /
   max token lag, IS effective sample size, k3 KL to the sampler, clip fractions, the share of
   trajectories spanning several weights versions, and the selection skew (difficulty and
-  duration TV, excluded token share); then one row per recipe over its seeds (success after RL
-  and the gain as mean, min, max and standard deviation) and the ranking that spread allows
-  (`orchestrator.comparison.ranking`: nothing is ranked on one seed);
+  duration TV, excluded token share, and the share of generated work that no selection weight
+  within `[admission] reweight_clip` can restore); then one row per recipe over its seeds
+  (success after RL and the gain as mean, min, max and standard deviation) and the ranking that
+  spread allows (`orchestrator.comparison.ranking`: nothing is ranked on one seed);
 - `success-vs-seconds.{png,svg}` and `success-vs-tokens.{png,svg}`: held-out success against
   RL wall-clock seconds and against sampled tokens, one line per run, 95% bars.
 
@@ -120,7 +121,7 @@ def compare_command(
 
 COLUMNS = ("label", "before", "after", "gain [95%]", "RL s", "tokens", "steps", "lag mean",
            "lag max", "IS ESS", "k3 KL", "clip hi", "clip lo", "multi-version", "difficulty TV",
-           "duration TV", "excluded tokens")
+           "duration TV", "excluded tokens", "beyond weights")
 
 
 def table_row(row: dict[str, Any]) -> list[str]:
@@ -130,9 +131,9 @@ def table_row(row: dict[str, Any]) -> list[str]:
     held = row.get("held_out_95", {})
     return [row["label"], held.get("before", "-"), held.get("after", "-"), held.get("gain", "-"),
             fmt(row["rl_seconds"]), str(row["sampled_tokens"]), str(row["learner_steps"])] + [
-        fmt(row[k]) for k in ("mean_lag", "max_lag", "is_ess", "kl_sampler_k3", "clip_high",
-                              "clip_low", "multi_version_fraction", "difficulty_tv",
-                              "duration_tv", "excluded_token_share")]
+        fmt(row.get(k)) for k in ("mean_lag", "max_lag", "is_ess", "kl_sampler_k3", "clip_high",
+                                  "clip_low", "multi_version_fraction", "difficulty_tv",
+                                  "duration_tv", "excluded_token_share", "beyond_weights_share")]
 
 
 def spread_lines(spread: list[dict[str, Any]]) -> list[str]:

@@ -123,3 +123,14 @@ def test_the_table_names_each_runs_machine_and_warns_where_the_cpus_differ(tmp_p
     assert "different CPUs (AMD EPYC, Intel Xeon)" in table
     rows = json.loads((out / "compare.json").read_text())["runs"]
     assert rows[1]["machine"] == {"cpu": "AMD EPYC"}
+
+
+def test_runs_from_before_the_beyond_weights_figure_merge_with_a_dash_in_its_column(tmp_path):
+    a = comparison(tmp_path / "a", [run_row("x-s0", "x", 50, 70)])  # before the figure
+    b = comparison(tmp_path / "b", [run_row("x-s1", "x", 50, 71, beyond_weights_share=0.1875)])
+    _, table = merged_table(a, b, tmp_path / "merged")
+    header = next(line for line in table.splitlines() if line.startswith("| label |"))
+    column = header.strip("| ").split(" | ").index("beyond weights")
+    cells = {line.strip("| ").split(" | ")[0]: line.strip("| ").split(" | ")[column]
+             for line in table.splitlines() if line.startswith("| x-s")}
+    assert cells == {"x-s0": "-", "x-s1": "0.188"}

@@ -358,6 +358,8 @@ def bad_logprobs(tokens: SampledTokens) -> tuple[str, str] | None:
     if tokens.topk_logprobs is not None:
         arrays.append(("topk_logprobs", tokens.topk_logprobs.reshape(-1)))
     for name, values in arrays:
+        if not values.size or values.max() < np.inf:  # NaN and +inf both fail it: one pass
+            continue
         bad = np.flatnonzero(np.isnan(values) | np.isposinf(values))
         if bad.size:
             at = int(bad[0])

@@ -8,6 +8,7 @@ decode into their schema and refuse a bad mode by name.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -20,6 +21,7 @@ from core.engine_api import (
     GenerateResult,
     SamplingParams,
     UpdateWeightsReply,
+    bad_logprobs,
     decode_generate_reply,
     decode_reply,
     encode_generate_reply,
@@ -55,6 +57,19 @@ def test_a_generate_reply_round_trips_exactly(topk):
         assert got.tokens.topk_logprobs.dtype == np.dtype("<f4")
     assert got.tokens.sampler_logprobs.tobytes() == sent.tokens.sampler_logprobs.tobytes()
     assert got.tokens.time_offsets.tobytes() == sent.tokens.time_offsets.tobytes()
+
+
+def test_only_nan_and_plus_inf_log_probs_are_bad_and_the_first_is_named():
+    tokens = result().tokens
+    assert bad_logprobs(tokens) is None  # -inf in a top-k slot is a filtered token
+    assert bad_logprobs(SampledTokens([], [], [], [], [])) is None
+    sampled = dataclasses.replace(tokens, sampler_logprobs=[-0.5, np.inf])
+    assert bad_logprobs(sampled) == ("sampler_logprobs", "inf at token 1 (1 of 2 such values); "
+                                     "a log-probability is a number <= 0 or -inf")
+    topk = dataclasses.replace(tokens, topk_logprobs=[[-0.1, np.inf, NEG_INF],
+                                                      [-1e-7, -3.25, np.nan]])
+    assert bad_logprobs(topk) == ("topk_logprobs", "inf at token 0, slot 1 (2 of 6 such "
+                                  "values); a log-probability is a number <= 0 or -inf")
 
 
 def test_an_empty_reply_round_trips():

@@ -29,7 +29,7 @@ work dispatched and not yet consumed within (max_lag + 1) batches (the staleness
 the "lag ideal" puts min(slots, (max_lag + 1) * batch) in place of slots: what an async mode
 could reach with that bound and no other loss (`--reserve expected` counts work in flight as
 the share admitted so far instead, so more of it runs, and the bound is then looser than the
-lag ideal's; `--cancel-stale` stops work in flight that could only be dropped). The
+lag ideal's; `--reserve 0.8` counts it as that share but never less than 0.8; `--cancel-stale` stops work in flight that could only be dropped). The
 "staleness-feasible" bound caps what any schedule admits with max_lag enforced on admission,
 whatever its dispatch rule, and the share of its dispatched trajectories it must stop as stale
 to get there (`staleness_feasible`): where the learner is fast, it can only be approached by
@@ -247,8 +247,9 @@ async def no_sandbox(spec, trajectory_id):
 
 
 def run_mode(mode: str, kv: str, batch_kind: str, args, directory: Path, *,
-             learner_s: float, order: str = "ready_first") -> dict:
-    """One run of the real pipeline; every mode consumes steps * batch trajectories."""
+             learner_s: float, order: str = "ready_first", tag: str = "") -> dict:
+    """One run of the real pipeline; every mode consumes steps * batch trajectories. `tag`
+    tells apart the stores of runs that share mode, learner time and order."""
     batch = args.slots if batch_kind == "slots" else args.batch
     total = args.steps * args.batch
     steps = max(1, round(total / batch))
@@ -262,7 +263,7 @@ def run_mode(mode: str, kv: str, batch_kind: str, args, directory: Path, *,
         "pipeline": {"mode": mode, "kv": kv, "steps": steps, "max_queue": 4 * batch,
                      "reserve": getattr(args, "reserve", "every")},
     })
-    name = f"{mode}-{kv}-{batch}-{learner_s}-{order}"
+    name = f"{mode}-{kv}-{batch}-{learner_s}-{order}{tag}"
     store = Store.open(f"sqlite:///{directory / f'{name}.db'}", create=True)
     store.create_run(name, name=name, config=cfg.model_dump(mode="json"), pipeline_mode=mode)
     family = make_family(args)
@@ -395,6 +396,28 @@ def print_steady(rows: list[dict], bound: Bound) -> None:
             f"{st.in_flight:.1f}", f"{st.duration_s:.2f}", f"{100 * st.admitted_share:.0f}%")))
 
 
+def print_reserve_curve(values: list[str | float], args, directory: Path, bound: Bound) -> None:
+    """Async under each `[pipeline] reserve` value: what it admits against the ideal and the
+    staleness-feasible bound, and the skew it costs (with --reweight, what the weights leave)."""
+    weighted = args.reweight != "none"
+    print(f"\nthe staleness bound's reservation, async{' with cancel_stale' * args.cancel_stale}: "
+          f"each trajectory in flight counts as the share admitted so far, but never less than "
+          f"`reserve` (every = 1, expected = 0)")
+    print("  ".join(f"{h:>13}" for h in ("reserve", "adm/s", "of ideal", "of feasible",
+                                          "lag mean", "difficulty TV", "duration TV")
+                    + (WEIGHTED_HEADER if weighted else ())))
+    for value in values:
+        r = run_mode("async", "recompute", "batch", argparse.Namespace(**{**vars(args),
+                     "reserve": value}), directory, learner_s=args.learner_s, tag=f"-{value}")
+        cells = (str(value), f"{r['admitted_per_s']:.2f}",
+                 f"{100 * r['admitted_per_s'] / bound.per_s:.0f}%",
+                 f"{100 * r['admitted_per_s'] / bound.stale_feasible_per_s:.0f}%",
+                 f"{r['mean_lag']:.2f}", f"{r['difficulty_tv']:.3f}", f"{r['duration_tv']:.3f}")
+        if weighted:
+            cells += weighted_values(r)
+        print("  ".join(f"{v:>13}" for v in cells), flush=True)
+
+
 def print_holds(rows: list[dict]) -> None:
     """Where each async mode's dispatch waited: seconds by what held it (the first reason)."""
     print("dispatch held, seconds of wall time by what held it (async modes):")
@@ -425,6 +448,11 @@ def describe_bound(bound: Bound, learner_s: float, group: int) -> str:
             f"longest ones")
 
 
+def reserve_value(text: str) -> str | float:
+    """--reserve's value: `every`, `expected` or a number (pipeline.reserve checks its range)."""
+    return text if text in ("every", "expected") else float(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=16, help="learner steps at --batch")
@@ -448,9 +476,13 @@ def main() -> None:
     parser.add_argument("--orders", default="",
                         help="also run async under these [admission] orders, e.g. "
                              "in_order,weight_fifo (ready_first is the default row)")
-    parser.add_argument("--reserve", choices=("every", "expected"), default="every",
+    parser.add_argument("--reserve", type=reserve_value, default="every",
                         help="[pipeline] reserve: how the staleness bound counts work in "
-                             "flight (every: one admission each; expected: the admitted share)")
+                             "flight (every: one admission each; expected: the admitted share; "
+                             "a number from 0 to 1: the admitted share, never below it)")
+    parser.add_argument("--reserves", default="",
+                        help="also run async under each of these [pipeline] reserve values, "
+                             "e.g. 1,0.9,0.8,0.7,expected: the throughput-skew trade-off")
     parser.add_argument("--cancel-stale", action="store_true",
                         help="[admission] cancel_stale: stop work in flight once it could only "
                              "be dropped as stale")
@@ -494,6 +526,9 @@ def main() -> None:
                 if weighted:
                     values += weighted_values(r)
                 print("  ".join(f"{v:>13}" for v in values), flush=True)
+        reserves = [reserve_value(v.strip()) for v in args.reserves.split(",") if v.strip()]
+        if reserves:
+            print_reserve_curve(reserves, args, Path(directory), bound)
         curve = []
         for learner_s in sweep:
             sync = run_mode("sync", "recompute", "slots", args, Path(directory),

@@ -11,9 +11,9 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from config.base import ConfigSection as Section
 from config.cluster import ClusterConfig
@@ -168,15 +168,34 @@ class PipelineConfig(Section):
                        "and the weight refresh period are learner.batch_size and "
                        "learner.publish_every)")
     max_queue: int = Field(128, ge=1, description="admitted but unconsumed trajectories at most")
-    reserve: Literal["every", "expected"] = Field(
+    reserve: Literal["every", "expected"] | Annotated[float, Field(ge=0.0, le=1.0)] = Field(
         "every", description="how the async staleness bound counts the trajectories in flight: "
         "`every` as one future admission each (AReaL's bound: no admitted trajectory is ever "
         "pushed past max_lag by others), `expected` as the share admitted so far (more in "
         "flight and more throughput when admission drops much, at the price of more stale "
-        "drops and a larger selection skew; bench/pipeline.py --reserve expected)")
+        "drops and a larger selection skew; bench/pipeline.py --reserve expected), or a number "
+        "x in [0, 1] as the share admitted so far but never less than x (1 is `every`, 0 is "
+        "`expected`; in between, a point on the throughput-skew trade-off: docs/pipeline.md)")
     budget_s: float | None = Field(
         None, gt=0, description="stop the RL phase after this many seconds even if `steps` "
                                 "are not done (stalewise compare sets it); None = no limit")
+
+    @property
+    def reserve_floor(self) -> float:
+        """The least stream share one trajectory in flight reserves: 1 for `every`, 0 for
+        `expected`, else `reserve` itself (the share admitted so far counts where higher)."""
+        named = {"every": 1.0, "expected": 0.0}
+        return named[self.reserve] if isinstance(self.reserve, str) else self.reserve
+
+    @field_validator("reserve", mode="before")
+    @classmethod
+    def _reserve_is_named_or_a_share(cls, value: Any) -> Any:
+        if value in ("every", "expected") or (
+                isinstance(value, (int, float)) and not isinstance(value, bool)
+                and 0.0 <= value <= 1.0):
+            return value
+        raise ValueError("use \"every\", \"expected\" or a number from 0 to 1 (the least "
+                         "share of a stream position that each trajectory in flight reserves)")
 
 
 class JobConfig(Section):

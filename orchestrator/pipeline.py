@@ -7,7 +7,8 @@ Modes (design.md):
   run at most `max_lag` versions ahead of the learner (AReaL-style: no group is dispatched that
   would be consumed more than `max_lag` versions after its start, counting every trajectory
   in flight as a future admission; `pipeline.reserve = "expected"` counts each as the share
-  admitted so far, and admission's `stale` rule then handles those that land too late) and
+  admitted so far, or a number as that share but never less than the number, and admission's
+  `stale` rule then handles those that land too late) and
   at most `max_queue` admitted trajectories may wait unconsumed. As many groups as the bounds
   allow are created in one writer transaction. The driver keeps up to one group's members
   created and waiting for a slot (`rollout.max_concurrent` still bounds the loops running), so
@@ -243,11 +244,13 @@ class Pipeline:
     def _reserved_share(self) -> float:
         """The stream positions one trajectory in flight reserves under the staleness bound:
         1 (`pipeline.reserve = "every"`), or the share of decided trajectories admitted so far
-        once 32 are decided (`"expected"`; 1 before)."""
-        if self.cfg.pipeline.reserve == "every":
-            return 1.0
+        once 32 are decided (`"expected"`; 1 before), never below `reserve` where it is a
+        number."""
+        floor = self.cfg.pipeline.reserve_floor
         decided = self.stats.decided
-        return self.stats.admitted / decided if decided >= 32 else 1.0
+        if floor >= 1.0 or decided < 32:
+            return 1.0
+        return max(self.stats.admitted / decided, floor)
 
     # ------------------------------------------------------------------ main
     async def rollout_options(self) -> RolloutOptions:

@@ -703,6 +703,9 @@ CONFIG_CASES = [
      "learner.sft.stages[0].step: unknown field; did you mean 'steps'? allowed fields: "),
     ({"pipeline": {"steps": 0}},
      "pipeline.steps: Input should be greater than or equal to 1 (got 0)"),
+    ({"pipeline": {"reserve": 1.5}},
+     "pipeline.reserve: use \"every\", \"expected\" or a number from 0 to 1 (the least share "
+     "of a stream position that each trajectory in flight reserves) (got 1.5)"),
     ({"cluster": {"engine": {"resources": {"engine_node": 0}}}},
      "cluster.engine.resources: custom resource amounts must be > 0, got {'engine_node': "
      "0.0}; drop the key instead of asking for 0"),

@@ -29,8 +29,9 @@ CASES = {
     "agent_loop": (["--formats", "hermes", "--suites", "arith", "--concurrency", "10",
                     "--trajectories", "10"], "hermes    arith", ()),
     "mcp_calls": (["--calls", "3"], "then median", ()),
-    "pipeline": (["--quick", "--sweep", "", "--reweight", "propensity"],
-                 ("staleness-feasible", "beyond weights"), ()),
+    "pipeline": (["--quick", "--sweep", "", "--reweight", "propensity", "--reserves", "0.9"],
+                 ("staleness-feasible", "beyond weights", "the staleness bound's reservation"),
+                 ()),
     "sandbox": (["--sandboxes", "2", "--execs", "2", "--samples", "5"], "errors: 0",
                 (pytest.mark.docker,)),
 }

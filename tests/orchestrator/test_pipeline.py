@@ -571,6 +571,22 @@ def test_expected_reservations_count_work_in_flight_by_the_admitted_share(sqlite
     assert all(d.lag <= 1 for d in rows(store, s.AdmissionDecision) if d.decision == "admit")
 
 
+def test_a_numeric_reserve_is_the_least_share_a_trajectory_in_flight_reserves(sqlite_url):
+    """pipeline.reserve = 0.95: work in flight counts as the share admitted so far, but never
+    as less than 0.95 of a stream position; admission still keeps every admitted trajectory
+    within max_lag."""
+    store, learner, _, pipeline = run_pipeline(
+        sqlite_url, {"rollout": {"group_size": 2, "max_concurrent": 16},
+                     "admission": {"zero_variance": "drop", "max_lag": 1, "stale": "drop"},
+                     "pipeline": {"mode": "async", "steps": 6, "reserve": 0.95}},
+        step_s=0.02, latency=LatencyModel(fixed_s=0.01, jitter_sigma=1.0))
+    check_stream(store, learner, steps=6)
+    decided = pipeline.stats.admitted + sum(pipeline.stats.excluded.values())
+    assert decided >= 32 and pipeline.stats.admitted / decided < 0.95
+    assert pipeline._reserved_share() == 0.95
+    assert all(d.lag <= 1 for d in rows(store, s.AdmissionDecision) if d.decision == "admit")
+
+
 @pytest.mark.parametrize("mode", ["async", "inflight"])
 def test_cancel_stale_stops_work_that_could_only_be_dropped(sqlite_url, mode):
     """admission.cancel_stale: a trajectory whose first token is already too old for the

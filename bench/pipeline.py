@@ -29,11 +29,12 @@ work dispatched and not yet consumed within (max_lag + 1) batches (the staleness
 the "lag ideal" puts min(slots, (max_lag + 1) * batch) in place of slots: what an async mode
 could reach with that bound and no other loss (`--reserve expected` counts work in flight as
 the share admitted so far instead, so more of it runs, and the bound is then looser than the
-lag ideal's; `--reserve 0.8` counts it as that share but never less than 0.8; `--cancel-stale` stops work in flight that could only be dropped). The
-"staleness-feasible" bound caps what any schedule admits with max_lag enforced on admission,
-whatever its dispatch rule, and the share of its dispatched trajectories it must stop as stale
-to get there (`staleness_feasible`): where the learner is fast, it can only be approached by
-dropping the long tail. A finite run also loses its ramp-up and drain, which the ideal leaves
+lag ideal's; `--reserve 0.8` counts it as that share but never less than 0.8, and `--reserves`
+adds an async row per value; `--cancel-stale` stops work in flight that could only be
+dropped). The "staleness-feasible" bound caps what any schedule admits with max_lag enforced
+on admission, whatever its dispatch rule, and the share of its dispatched trajectories it must
+stop as stale to get there (`staleness_feasible`): where the learner is fast, it can only be
+approached by dropping the long tail. A finite run also loses its ramp-up and drain, which the ideal leaves
 out: the "run ideal" (`run_ideal`) is what a schedule with no overhead and no staleness bound
 admits over this run's length, and "of run ideal" holds each mode to it. The steady-state
 table reads the middle half of each run (between its 25th and 75th percentile admission, no

@@ -43,7 +43,7 @@ from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency
 from orchestrator.pools import PoolSet
 from orchestrator.processes import Supervised, run_to_end
 from orchestrator.progress import show_progress, snapshot
-from orchestrator.report import rollout_dynamics, store_ledger, write_report
+from orchestrator.report import beyond_weights_note, rollout_dynamics, store_ledger, write_report
 from orchestrator.resume import recover_run
 from orchestrator.writer import running_writer
 from tasks.api import TaskFamily
@@ -478,9 +478,12 @@ def print_summary(summary: dict, results: list[Evaluation], job: JobConfig) -> N
         weighted = (f" (weighted by the selection weights: {skew['weighted_difficulty_tv']:.3f} "
                     f"and {skew['weighted_duration_tv']:.3f}; generated work beyond the "
                     f"weights {skew['beyond_weights_share']:.3f})")
-    lines += [f"  selection skew: difficulty TV {skew['difficulty_tv']:.3f}, duration TV "
-              f"{skew['duration_tv']:.3f}{weighted}, excluded token share "
-              f"{skew['excluded_token_share']:.3f}",
-              f"  report:   {summary['report']}",
+    lines.append(f"  selection skew: difficulty TV {skew['difficulty_tv']:.3f}, duration TV "
+                 f"{skew['duration_tv']:.3f}{weighted}, excluded token share "
+                 f"{skew['excluded_token_share']:.3f}")
+    if weighted:
+        note = beyond_weights_note(skew["beyond_weights_share"], job.admission.reweight_clip)
+        lines += [note] if note else []
+    lines += [f"  report:   {summary['report']}",
               f"  database: {summary['db']}   (stalewise audit runs --url {summary['db']})"]
     print("\n".join(lines), flush=True)

@@ -37,6 +37,26 @@ def generated_work(store: Store, run_id: str) -> list[Generated]:
             for r in finished_work(store, run_id)]
 
 
+# The share of generated work beyond the selection weights from which the run summary says
+# so, and what to change (with weights on: below it, the weighted skew comes down).
+BEYOND_WEIGHTS_NOTE = 0.05
+
+
+def beyond_weights_note(share: float, clip: float) -> str | None:
+    """The run summary's line where the selection weights cannot correct much of the skew:
+    `share` of the generated work sits in buckets that kept under 1/`clip` of the mean
+    admitted rate, or nothing (`Skew.beyond_weights_share`); None below BEYOND_WEIGHTS_NOTE."""
+    if share < BEYOND_WEIGHTS_NOTE:
+        return None
+    return (f"  {100 * share:.0f}% of the generated work is beyond the selection weights: its "
+            f"buckets (family, difficulty, duration quartile) kept less than 1/{clip:g} of the "
+            f"mean admitted rate, or nothing, so no weight up to admission.reweight_clip = "
+            f"{clip:g} restores them and their skew stays in training. To keep the slow work "
+            "admissible: raise pipeline.reserve toward 1 (\"every\"), set "
+            "admission.cancel_stale = false, or loosen admission.max_lag (docs/pipeline.md, "
+            "fifth measurement)")
+
+
 TIMEOUT_STOPS = ("wall_time", "working_time")
 
 

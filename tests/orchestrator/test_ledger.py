@@ -76,3 +76,30 @@ def test_the_ledger_says_how_much_work_is_beyond_the_weights():
     assert build_ledger(quarter)[1].beyond_weights_share == 0.0
     assert build_ledger(quarter, clip=2.0)[1].beyond_weights_share == pytest.approx(0.4)
     assert build_ledger(easy)[1].beyond_weights_share == 0.0
+
+
+def summary_with_skew(beyond: float) -> dict:
+    skew = dict(difficulty_tv=0.2, duration_tv=0.2, weighted_difficulty_tv=0.19,
+                weighted_duration_tv=0.2, beyond_weights_share=beyond, excluded_token_share=0.4)
+    return {"run_id": "r", "wall_s": 10.0, "learner_steps": 4, "mean_token_lag": 0.5,
+            "held_out": True, "admission_reweight": "propensity", "selection_skew": skew,
+            "numerics": {"engine_dtype": None, "learner_dtype": "float32", "cpu": "a CPU",
+                         "cpu_bf16": []},
+            "rollout_dynamics": {"multi_version_fraction": 0.0, "mean_kv_lag": 0,
+                                 "max_kv_lag": 0, "timeouts": 0, "timeout_decisions": {}},
+            "report": "report.md", "db": "sqlite:///x.db"}
+
+
+def test_the_summary_says_what_to_change_when_the_weights_cannot_restore_much_work(capsys):
+    from config.job import parse_config
+    from orchestrator.job import print_summary
+
+    job = parse_config({"admission": {"reweight": "propensity", "reweight_clip": 4.0}})
+    print_summary(summary_with_skew(0.2), [], job)
+    out = capsys.readouterr().out
+    assert "generated work beyond the weights 0.200" in out
+    assert ("20% of the generated work is beyond the selection weights: its buckets (family, "
+            "difficulty, duration quartile) kept less than 1/4 of the mean admitted rate") in out
+    assert "raise pipeline.reserve toward 1" in out and "admission.max_lag" in out
+    print_summary(summary_with_skew(0.03), [], job)  # the weights restore nearly everything
+    assert "beyond the selection weights" not in capsys.readouterr().out

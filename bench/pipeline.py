@@ -34,17 +34,17 @@ adds an async row per value; `--cancel-stale` stops work in flight that could on
 dropped). The "staleness-feasible" bound caps what any schedule admits with max_lag enforced
 on admission, whatever its dispatch rule, and the share of its dispatched trajectories it must
 stop as stale to get there (`staleness_feasible`): where the learner is fast, it can only be
-approached by dropping the long tail. A finite run also loses its ramp-up and drain, which the ideal leaves
-out: the "run ideal" (`run_ideal`) is what a schedule with no overhead and no staleness bound
-admits over this run's length, and "of run ideal" holds each mode to it. The steady-state
-table reads the middle half of each run (between its 25th and 75th percentile admission, no
-ramp-up or drain) and gives Little's law's factors: admitted rate = mean in flight / mean
-duration x admitted share. After the table, the seconds each async mode's
+approached by dropping the long tail. A finite run also loses its ramp-up and drain, which the
+ideal leaves out: the "run ideal" (`run_ideal`) is what a schedule with no overhead and no
+staleness bound admits over this run's length, and "of run ideal" holds each mode to it. The
+steady-state table reads the middle half of each run (between its 25th and 75th percentile
+admission, no ramp-up or drain) and gives Little's law's factors: admitted rate = mean in
+flight / mean duration x admitted share. After the table, the seconds each async mode's
 dispatch waited, by what held it first (concurrency, queue, staleness, pacing). `--orders`
 adds async rows under other `[admission] order`s (the order decided groups enter the learner
-stream): their throughput and ledger skew. "learner busy" is the
-share of wall time the learner spent in steps; "engine active" the share with at least one
-request in progress (not how full its slots were).
+stream): their throughput and ledger skew. "learner busy" is the share of wall time the
+learner spent in steps; "engine active" the share with at least one request in progress (not
+how full its slots were).
 
 Then a sweep over the learner step time prints the speed-up curve of async over sync: the
 gain depends on the ratio of generation time to learner time.

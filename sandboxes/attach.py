@@ -71,16 +71,22 @@ async def open_attach(docker_host: str, api_version: str, container_id: str) -> 
         "Host: docker\r\nContent-Type: text/plain\r\n"
         "Connection: Upgrade\r\nUpgrade: tcp\r\n\r\n"
     ).encode()
-    await stream.send(request)
     head = bytearray()
-    while b"\r\n\r\n" not in head:
-        try:
+    try:
+        await stream.send(request)
+        while b"\r\n\r\n" not in head:
             head += await stream.receive(65536)
-        except anyio.EndOfStream:
-            await stream.aclose()
-            raise SandboxError(f"engine closed the attach to {container_id[:12]}") from None
-        if len(head) > 65536:
-            break
+            if len(head) > 65536:
+                break
+    except anyio.EndOfStream:
+        await stream.aclose()
+        raise SandboxError(f"engine closed the attach to {container_id[:12]}") from None
+    except (anyio.BrokenResourceError, OSError) as exc:
+        # the engine went away mid-handshake (reset, killed): an unreachable host, which the
+        # backend and its pool handle as such, never an error that stops the job
+        await stream.aclose()
+        raise HostUnreachable(f"Docker engine at {docker_host} dropped the attach to "
+                              f"{container_id[:12]}: {exc.__cause__ or exc!r}") from None
     status_line, _, rest = bytes(head).partition(b"\r\n")
     parts = status_line.split()
     if len(parts) < 2 or parts[1] not in (b"101", b"200"):

@@ -96,7 +96,7 @@ class DockerSandbox(SessionSandbox):
             await self._discard(quiet=True)
             raise SandboxError(f"sandbox did not start within {self.start_timeout_s:.0f} s "
                                f"({self._agent_stderr() or 'no agent output'})") from None
-        except (OSError, docker_errors().DockerException) as exc:
+        except (OSError, anyio.BrokenResourceError, docker_errors().DockerException) as exc:
             # an engine call outside `_engine` (an image check, the attach) lost its engine:
             # the same infrastructure error as a failed create, never a crash of the job
             lost = HostUnreachable(f"Docker engine {self.host_url} unreachable while starting "

@@ -121,3 +121,36 @@ def test_limit_overrides_are_validated(bad: dict) -> None:
 def test_workdir_must_be_a_dedicated_absolute_path(workdir: str) -> None:
     with pytest.raises(ValidationError, match="absolute path"):
         SandboxSpec(workdir=workdir)
+
+
+@pytest.mark.parametrize("answer", [b"", b"HTTP/1.1 101 UPGRADED\r\n"])
+def test_an_engine_that_dies_mid_attach_is_an_unreachable_host(tmp_path, answer) -> None:
+    """A Docker engine killed while a sandbox attaches resets the socket. That is the host
+    going away (HostUnreachable: the backend marks the host, the pool retries elsewhere),
+    not an anyio error escaping the pool's task group and failing the job."""
+    import socket
+    import threading
+
+    import anyio
+
+    from core.sandbox import HostUnreachable
+    from sandboxes.attach import open_attach
+
+    path = str(tmp_path / "docker.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def engine_killed_mid_handshake() -> None:
+        conn, _ = server.accept()
+        conn.sendall(answer)  # nothing, or half a response head
+        conn.close()  # the request still unread: the client's next read is a reset
+
+    thread = threading.Thread(target=engine_killed_mid_handshake, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(HostUnreachable, match=r"dropped the attach to 0123456789ab"):
+            anyio.run(open_attach, f"unix://{path}", "1.43", "0123456789abcdef")
+    finally:
+        thread.join(5)
+        server.close()

@@ -347,6 +347,7 @@ def steady_state(store: Store, run_id: str) -> Steady:
 
 
 WEIGHTED_HEADER = ("weighted diff TV", "weighted dur TV", "beyond weights")
+SKEW_HEADER = ("lag mean", "difficulty TV", "duration TV")
 
 
 def weighted_values(r: dict) -> tuple[str, ...]:
@@ -355,14 +356,21 @@ def weighted_values(r: dict) -> tuple[str, ...]:
             f"{r['beyond_weights']:.3f}")
 
 
+def skew_values(r: dict, weighted: bool) -> tuple[str, ...]:
+    """The closing columns of an extra async row (--orders, --reserves): SKEW_HEADER's, then
+    WEIGHTED_HEADER's with --reweight."""
+    values = (f"{r['mean_lag']:.2f}", f"{r['difficulty_tv']:.3f}", f"{r['duration_tv']:.3f}")
+    return values + (weighted_values(r) if weighted else ())
+
+
 def print_table(rows: list[dict], bound: Bound, weighted: bool = False) -> None:
     """One line per mode; with `weighted` (--reweight propensity) the TVs of the admitted mix
     weighted by its selection weights, what the learner's loss sees, follow the plain ones, and
     then the share of generated work beyond the weights."""
     sync = rows[0]["admitted_per_s"]
     header = ("mode", "wall s", "adm/s", "x sync", "of ideal", "of run ideal", "of lag ideal",
-              "learner busy", "engine active", "lag mean", "lag max", "difficulty TV", "duration TV", "update pause s",
-              "generated") + (WEIGHTED_HEADER if weighted else ())
+              "learner busy", "engine active", "lag mean", "lag max", "difficulty TV",
+              "duration TV", "update pause s", "generated") + (WEIGHTED_HEADER if weighted else ())
     print("  ".join(f"{h:>13}" for h in header))
     for r in rows:
         values = (r["mode"], f"{r['wall_s']:.1f}", f"{r['admitted_per_s']:.2f}",
@@ -404,19 +412,15 @@ def print_reserve_curve(values: list[str | float], args, directory: Path, bound:
     print(f"\nthe staleness bound's reservation, async{' with cancel_stale' * args.cancel_stale}: "
           f"each trajectory in flight counts as the share admitted so far, but never less than "
           f"`reserve` (every = 1, expected = 0)")
-    print("  ".join(f"{h:>13}" for h in ("reserve", "adm/s", "of ideal", "of feasible",
-                                          "lag mean", "difficulty TV", "duration TV")
-                    + (WEIGHTED_HEADER if weighted else ())))
+    print("  ".join(f"{h:>13}" for h in ("reserve", "adm/s", "of ideal", "of feasible")
+                    + SKEW_HEADER + (WEIGHTED_HEADER if weighted else ())))
     for value in values:
         r = run_mode("async", "recompute", "batch", argparse.Namespace(**{**vars(args),
                      "reserve": value}), directory, learner_s=args.learner_s, tag=f"-{value}")
         cells = (str(value), f"{r['admitted_per_s']:.2f}",
                  f"{100 * r['admitted_per_s'] / bound.per_s:.0f}%",
-                 f"{100 * r['admitted_per_s'] / bound.stale_feasible_per_s:.0f}%",
-                 f"{r['mean_lag']:.2f}", f"{r['difficulty_tv']:.3f}", f"{r['duration_tv']:.3f}")
-        if weighted:
-            cells += weighted_values(r)
-        print("  ".join(f"{v:>13}" for v in cells), flush=True)
+                 f"{100 * r['admitted_per_s'] / bound.stale_feasible_per_s:.0f}%")
+        print("  ".join(f"{v:>13}" for v in cells + skew_values(r, weighted)), flush=True)
 
 
 def print_holds(rows: list[dict]) -> None:
@@ -514,19 +518,15 @@ def main() -> None:
             print(f"\nadmission orders, async: the order decided groups enter the learner "
                   f"stream (ready_first is the async row above)")
             weighted = args.reweight != "none"
-            print("  ".join(f"{h:>13}" for h in ("order", "adm/s", "of lag ideal", "lag mean",
-                                                  "difficulty TV", "duration TV")
-                            + (WEIGHTED_HEADER if weighted else ())))
+            print("  ".join(f"{h:>13}" for h in ("order", "adm/s", "of lag ideal")
+                            + SKEW_HEADER + (WEIGHTED_HEADER if weighted else ())))
             for order in orders:
                 r = run_mode("async", "recompute", "batch", args, Path(directory),
                              learner_s=args.learner_s, order=order.strip())
                 values = (order, f"{r['admitted_per_s']:.2f}",
-                          f"{100 * r['admitted_per_s'] / bound.lag_bounded_per_s:.0f}%",
-                          f"{r['mean_lag']:.2f}", f"{r['difficulty_tv']:.3f}",
-                          f"{r['duration_tv']:.3f}")
-                if weighted:
-                    values += weighted_values(r)
-                print("  ".join(f"{v:>13}" for v in values), flush=True)
+                          f"{100 * r['admitted_per_s'] / bound.lag_bounded_per_s:.0f}%")
+                print("  ".join(f"{v:>13}" for v in values + skew_values(r, weighted)),
+                      flush=True)
         reserves = [reserve_value(v.strip()) for v in args.reserves.split(",") if v.strip()]
         if reserves:
             print_reserve_curve(reserves, args, Path(directory), bound)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -168,7 +168,7 @@ class PipelineConfig(Section):
                        "and the weight refresh period are learner.batch_size and "
                        "learner.publish_every)")
     max_queue: int = Field(128, ge=1, description="admitted but unconsumed trajectories at most")
-    reserve: Literal["every", "expected"] | Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+    reserve: Literal["every", "expected"] | float = Field(  # range: _reserve_is_named_or_a_share
         "every", description="how the async staleness bound counts the trajectories in flight: "
         "`every` as one future admission each (AReaL's bound: no admitted trajectory is ever "
         "pushed past max_lag by others), `expected` as the share admitted so far (more in "

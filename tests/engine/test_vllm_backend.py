@@ -128,6 +128,11 @@ async def running_requests(engine) -> float:
                                         'model_name="smollm2"}', -1.0)
 
 
+async def generated_tokens(engine) -> float:
+    return (await engine.metrics()).get('vllm:generation_tokens_total{engine="0",'
+                                        'model_name="smollm2"}', -1.0)
+
+
 # ---- log-probs ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("params", [dict(temperature=1.0),
@@ -150,10 +155,14 @@ def test_recorded_logprobs_equal_the_learners_recomputation(served, reference, p
 
 # ---- weight updates ----------------------------------------------------------------------------
 
-def _update_during(served: Served, path: Path, *, mode: str, kv: str, max_tokens: int = 48,
+def _update_during(served: Served, path: Path, *, mode: str, kv: str, max_tokens: int = 96,
                    late_prompt: list[int] | None = None):
-    """Start PROMPTS, update to `path` once every stream has produced tokens, return results
-    (and the result of `late_prompt`, sent once the update has begun)."""
+    """Start PROMPTS, update to `path` once every stream has produced a few tokens, return
+    results (and the result of `late_prompt`, sent once the update has begun).
+
+    The update waits on vLLM's token counter, not on the clock: a fixed sleep let a fast CPU
+    finish all 48 tokens of a stream before the update landed (a CI run saw every token of one
+    stream under the old weights). 96 tokens leave the streams far from their end."""
     old = served.version
     version = served.next_version(path)
 
@@ -174,8 +183,12 @@ def _update_during(served: Served, path: Path, *, mode: str, kv: str, max_tokens
                     group.start_soon(one, i)
                 with anyio.fail_after(300):   # hang guard
                     while await running_requests(engine) < len(PROMPTS):
-                        await anyio.sleep(0.05)
-                await anyio.sleep(1.0)    # a few tokens each under the old weights
+                        await anyio.sleep(0.02)
+                    start = await generated_tokens(engine)
+                    assert start >= 0, "vLLM's metrics lack vllm:generation_tokens_total"
+                    # a few tokens each under the old weights (the streams decode as one batch)
+                    while await generated_tokens(engine) < start + 4 * len(PROMPTS):
+                        await anyio.sleep(0.02)
                 if late_prompt is not None:
                     group.start_soon(send_late)
                 report = await engine.update_weights(str(path), version, mode=mode, kv=kv)
@@ -195,7 +208,7 @@ def test_inflight_recompute_serves_the_new_weights_on_every_later_token(served, 
     spanning = 0
     for prompt, result in zip(PROMPTS, results):
         t = result.tokens
-        assert len(t) == 48 and set(t.weights_versions.tolist()) <= {old, version}
+        assert len(t) == 96 and set(t.weights_versions.tolist()) <= {old, version}
         later = t.weights_versions == version
         switched = int(np.argmax(later)) if later.any() else len(t)
         assert (t.weights_versions[:switched] == old).all()
@@ -225,8 +238,9 @@ def test_inflight_retain_on_vllm_cpu_recomputes_the_kv_anyway(served, reference,
     version, (results, _, _) = _update_during(served, new_path, mode="inflight", kv="retain")
     for prompt, result in zip(PROMPTS, results):
         t = result.tokens
-        switched = int(np.argmax(t.weights_versions == version))
-        assert 0 < switched < len(t)
+        later = t.weights_versions == version
+        switched = int(np.argmax(later)) if later.any() else len(t)
+        assert 0 < switched < len(t), (switched, t.weights_versions)
         assert (t.weights_versions[switched:] == version).all()
         assert (t.kv_versions == old).all()        # recorded: the KV predates the update
         ids = t.token_ids.tolist()

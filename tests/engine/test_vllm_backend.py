@@ -337,8 +337,9 @@ def test_503_from_a_full_queue_is_retried_until_vllm_has_room(served):
 def test_cancelling_a_generate_aborts_it_in_vllm(served):
     async def main():
         async with client(served) as engine:
-            with anyio.move_on_after(6.0):   # then cancelled mid-stream
+            with anyio.move_on_after(6.0) as scope:   # then cancelled mid-stream
                 await engine.generate(request(PROMPTS[3], 900))
+            assert scope.cancelled_caught, "the 900 tokens finished before the cancel"
             with anyio.fail_after(120):   # hang guard
                 while await running_requests(engine) != 0:
                     await anyio.sleep(0.1)

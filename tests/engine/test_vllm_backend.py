@@ -175,7 +175,9 @@ def _update_during(served: Served, path: Path, *, mode: str, kv: str, max_tokens
                 results[i] = await engine.generate(request(PROMPTS[i], max_tokens, seed=i))
 
             async def send_late() -> None:
-                await anyio.sleep(0.3)   # the pause has begun: the update is awaiting it
+                with anyio.fail_after(120):   # hang guard
+                    while not (await engine.http.call("GET", "/is_paused"))["is_paused"]:
+                        await anyio.sleep(0.01)   # the update has paused vLLM
                 late[0] = await engine.generate(request(late_prompt, 8, seed=7))
 
             async with anyio.create_task_group() as group:

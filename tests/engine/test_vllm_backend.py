@@ -123,14 +123,27 @@ async def gather(engine, requests: list[GenerateRequest]) -> list[GenerateResult
     return results
 
 
+async def metric(engine, name: str) -> float:
+    """One of the module server's Prometheus values (-1 where vLLM does not report it)."""
+    return (await engine.metrics()).get(f'{name}{{engine="0",model_name="smollm2"}}', -1.0)
+
+
 async def running_requests(engine) -> float:
-    return (await engine.metrics()).get('vllm:num_requests_running{engine="0",'
-                                        'model_name="smollm2"}', -1.0)
+    return await metric(engine, "vllm:num_requests_running")
 
 
 async def generated_tokens(engine) -> float:
-    return (await engine.metrics()).get('vllm:generation_tokens_total{engine="0",'
-                                        'model_name="smollm2"}', -1.0)
+    return await metric(engine, "vllm:generation_tokens_total")
+
+
+async def is_paused(engine) -> bool:
+    return (await engine.http.call("GET", "/is_paused"))["is_paused"]
+
+
+def switch_index(tokens, version: int) -> int:
+    """The first token served under `version` (len(tokens) where none was)."""
+    later = tokens.weights_versions == version
+    return int(np.argmax(later)) if later.any() else len(tokens)
 
 
 # ---- log-probs ---------------------------------------------------------------------------------
@@ -176,7 +189,7 @@ def _update_during(served: Served, path: Path, *, mode: str, kv: str, max_tokens
 
             async def send_late() -> None:
                 with anyio.fail_after(120):   # hang guard
-                    while not (await engine.http.call("GET", "/is_paused"))["is_paused"]:
+                    while not await is_paused(engine):
                         await anyio.sleep(0.01)   # the update has paused vLLM
                 late[0] = await engine.generate(request(late_prompt, 8, seed=7))
 
@@ -211,8 +224,7 @@ def test_inflight_recompute_serves_the_new_weights_on_every_later_token(served, 
     for prompt, result in zip(PROMPTS, results):
         t = result.tokens
         assert len(t) == 96 and set(t.weights_versions.tolist()) <= {old, version}
-        later = t.weights_versions == version
-        switched = int(np.argmax(later)) if later.any() else len(t)
+        switched = switch_index(t, version)
         assert (t.weights_versions[:switched] == old).all()
         assert (t.weights_versions[switched:] == version).all()
         assert (t.kv_versions[switched:] == version).all()   # recompute: KV of the new weights
@@ -240,8 +252,7 @@ def test_inflight_retain_on_vllm_cpu_recomputes_the_kv_anyway(served, reference,
     version, (results, _, _) = _update_during(served, new_path, mode="inflight", kv="retain")
     for prompt, result in zip(PROMPTS, results):
         t = result.tokens
-        later = t.weights_versions == version
-        switched = int(np.argmax(later)) if later.any() else len(t)
+        switched = switch_index(t, version)
         assert 0 < switched < len(t), (switched, t.weights_versions)
         assert (t.weights_versions[switched:] == version).all()
         assert (t.kv_versions == old).all()        # recorded: the KV predates the update
@@ -290,7 +301,7 @@ def test_a_paused_vllm_holds_new_requests_in_every_mode(served):
                         group.start_soon(send)
                         await anyio.sleep(1.0)
                         assert not done, mode
-                        assert (await engine.http.call("GET", "/is_paused"))["is_paused"]
+                        assert await is_paused(engine)
                         await engine.resume()
                     assert len(done[0].tokens) == 4 and done[0].finish_reason == "length"
                 finally:

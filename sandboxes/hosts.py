@@ -398,13 +398,27 @@ def connected(url: str, *, timeout_s: float = 10.0) -> Iterator["docker.DockerCl
 
 
 def copy_image(source: "docker.DockerClient", target: "docker.DockerClient", image: str) -> None:
-    """`docker save IMAGE` on `source` streamed into `docker load` on `target`."""
+    """`docker save IMAGE` on `source` streamed into `docker load` on `target`. Returns once
+    `target` has the image; raises `SandboxError` naming the engine's reason when it has not
+    (a full disk on `target` is the usual one)."""
     import docker.errors
 
+    from sandboxes.image import image_exists
+
+    failed = f"copying image {image} to another Docker host failed"
     try:
-        target.api.load_image(source.api.get_image(image), quiet=True)
+        # The load's progress stream carries its outcome: it must be read to the end, or the
+        # engine's error (and whether the load finished at all) goes unseen.
+        for message in target.api.load_image(source.api.get_image(image), quiet=True):
+            if isinstance(message, dict) and (message.get("error") or message.get("errorDetail")):
+                detail = message.get("error") or message["errorDetail"].get("message", message)
+                raise SandboxError(f"{failed}: the target engine said: {detail}")
+        loaded = image_exists(target, image)
     except (docker.errors.DockerException, OSError) as exc:
-        raise SandboxError(f"copying image {image} to another Docker host failed: {exc}") from exc
+        raise SandboxError(f"{failed}: {exc}") from exc
+    if loaded is None:
+        raise SandboxError(f"{failed}: the target engine reported no error, yet has no {image} "
+                           "after the load (is its disk full? `docker system df` on it tells)")
 
 
 def _log_removals(host: DockerHost, removals: list) -> None:

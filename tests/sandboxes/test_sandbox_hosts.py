@@ -20,12 +20,12 @@ from anyio import wait_all_tasks_blocked
 from config.errors import ConfigError
 from config.job import parse_config
 from config.sandbox_hosts import DockerHostConfig
-from core.sandbox import HostUnreachable, SandboxSpec
+from core.sandbox import HostUnreachable, SandboxError, SandboxSpec
 from sandboxes.backends import open_pool
 from sandboxes.cleanup import list_containers
 from sandboxes.docker_backend import DockerSandbox
 from sandboxes.engine import connect, docker_host
-from sandboxes.hosts import HostSet, SshForward
+from sandboxes.hosts import HostSet, SshForward, copy_image
 from sandboxes.image import build_image, image_exists
 from sandboxes.pool import SandboxPool
 
@@ -151,6 +151,46 @@ async def test_a_pool_spreads_over_two_engines_within_capacity_copying_the_image
     assert sum(h.stats["placed"] for h in hosts.hosts) == 6
     second.close()
     first.close()
+
+
+class _SavedImage:
+    """A source engine whose `docker save` stream is the given bytes (the target is real)."""
+
+    def __init__(self, archive: bytes) -> None:
+        self.api = self
+        self.archive = archive
+
+    def get_image(self, image: str) -> bytes:
+        return self.archive
+
+
+def _archive(**members: bytes) -> bytes:
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("archive, words", [
+    (b"not a tar archive", "the target engine said: Error processing tar file"),
+    (_archive(**{"manifest.json": b"[]"}), "reported no error, yet has no stalewise-test-absent"),
+])
+def test_an_image_copy_the_target_did_not_load_fails_saying_why(archive, words):
+    """The engine reports a failed load (a full disk, a broken stream) in the load's progress
+    stream, not in its status: the copy must read it, and check the image arrived, or the
+    sandbox that needs the image fails later with a bare 'No such image'."""
+    target = connect()
+    with pytest.raises(SandboxError, match="copying image stalewise-test-absent:latest") as info:
+        copy_image(_SavedImage(archive), target, "stalewise-test-absent:latest")
+    assert words in str(info.value)
+    assert image_exists(target, "stalewise-test-absent:latest") is None
 
 
 @pytest.mark.docker

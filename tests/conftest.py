@@ -3,11 +3,16 @@ database; the real checkpoint.
 
 Hypothesis runs without its per-example deadline (200 ms by default) or its too-slow health
 check: both are wall-clock bounds that a loaded machine breaks.
+
+The terminal summary names the least free disk space seen after a test (and which test): a
+machine whose disk fills mid-suite fails tests in scattered ways, and this line says why.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -18,6 +23,29 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("stalewise", deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("stalewise")
+
+_least_free: dict[str, object] = {}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """After each test body (its tmp_path still full): the free space where tmp_path lives."""
+    try:
+        return (yield)
+    finally:
+        free = shutil.disk_usage(tempfile.gettempdir()).free
+        if free < _least_free.get("bytes", float("inf")):
+            _least_free.update(bytes=free, test=item.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if "bytes" in _least_free:
+        free = int(_least_free["bytes"]) / 1e9
+        terminalreporter.write_line(
+            f"disk: {free:.1f} GB free at the least, under {tempfile.gettempdir()}, after "
+            f"{_least_free['test']}" + (" -- the disk was (nearly) full: tests that write "
+                                        "checkpoints or images fail for that" if free < 1 else ""))
+
 
 PG_ADMIN_URL = os.environ.get(
     "STALEWISE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:54329/stalewise_test")

@@ -26,9 +26,11 @@ Contracts:
 
 from __future__ import annotations
 
+import shutil
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import anyio
 import httpx
@@ -71,9 +73,10 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def weights(smollm2_dir, tmp_path_factory) -> dict[str, Path]:
-    return {"v0": smollm2_dir,
-            "v1": perturbed_copy(smollm2_dir, tmp_path_factory.mktemp("smollm2-v1"))}
+def weights(smollm2_dir, tmp_path_factory) -> Iterator[dict[str, Path]]:
+    copy = tmp_path_factory.mktemp("smollm2-v1")
+    yield {"v0": smollm2_dir, "v1": perturbed_copy(smollm2_dir, copy)}
+    shutil.rmtree(copy, ignore_errors=True)  # half a GB the rest of the suite has no use for
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,7 @@ def pytest_runtest_call(item):
             _least_free.update(bytes=free, test=item.nodeid)
 
 
+@pytest.hookimpl(trylast=True)  # after the durations, next to the failures' summary
 def pytest_terminal_summary(terminalreporter):
     if "bytes" in _least_free:
         free = int(_least_free["bytes"]) / 1e9

@@ -52,7 +52,7 @@ def test_two_learner_workers_record_steps_and_versions_and_restart_after_a_kille
     config.write_text(text.replace("[learner]\n", "[learner]\nworkers = 2\nthreads = 1\n"))
     proc = start(config)
     try:
-        wait_for(lambda: learner_steps(tmp_path) >= 2, 400, "two learner steps")
+        wait_for(lambda: learner_steps(tmp_path) >= 2, 400, "two learner steps", proc)
         rank0 = children_running(proc.pid, "learner")[0]
         rank1 = [p for p in children_of(rank0) if "serve" in _argv(p)]
         assert len(rank1) == 1, "rank 0 starts exactly one peer"

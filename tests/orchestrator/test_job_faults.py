@@ -89,11 +89,19 @@ def start(config: Path, *extra: str, env: dict[str, str] | None = None) -> subpr
                             env={**os.environ, **(env or {})})
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:
+def wait_for(predicate, timeout: float, what: str,
+             job: subprocess.Popen | None = None) -> None:
+    """Poll `predicate` until it holds. With `job` (a `stalewise run` that must still be
+    running meanwhile), a job that exits first fails the wait at once with its output, where
+    polling on would only time out without saying why."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
+        if job is not None and job.poll() is not None:
+            output = job.communicate()[0] or ""
+            raise AssertionError(f"the job exited (code {job.returncode}) before {what}:\n"
+                                 f"{output[-4000:]}")
         time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}")
 
@@ -234,7 +242,7 @@ def test_sigkill_orchestrator_then_resume(tmp_path, model_dir):
     proc = start(config)
     try:
         wait_for(lambda: learner_steps(tmp_path) >= 2 and running(tmp_path), 240,
-                 "two learner steps with trajectories in flight")
+                 "two learner steps with trajectories in flight", proc)
         kids = children_of(proc.pid)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
@@ -266,7 +274,7 @@ def test_sigkill_orchestrator_then_resume(tmp_path, model_dir):
 def test_sigkill_learner_restarts_from_checkpoint(tmp_path, model_dir):
     proc = start(write_config(tmp_path, model_dir, steps=5))
     try:
-        wait_for(lambda: learner_steps(tmp_path) >= 2, 240, "two learner steps")
+        wait_for(lambda: learner_steps(tmp_path) >= 2, 240, "two learner steps", proc)
         os.kill(children_running(proc.pid, "learner")[0], signal.SIGKILL)
         output, _ = proc.communicate(timeout=300)
     finally:
@@ -285,7 +293,7 @@ def test_sigkill_learner_restarts_from_checkpoint(tmp_path, model_dir):
 def test_engine_killed_fails_clearly(tmp_path, model_dir):
     proc = start(write_config(tmp_path, model_dir, steps=50))
     try:
-        wait_for(lambda: learner_steps(tmp_path) >= 1, 240, "a learner step")
+        wait_for(lambda: learner_steps(tmp_path) >= 1, 240, "a learner step", proc)
         kids = children_of(proc.pid)
         os.kill(children_running(proc.pid, "engine")[0], signal.SIGKILL)
         output, _ = proc.communicate(timeout=120)
@@ -312,7 +320,7 @@ def test_sigterm_during_the_warm_start_aborts_and_stops_the_sft_child(tmp_path, 
                       "demonstrations = 16\nsteps = 100000\n")
     proc = start(config)
     try:
-        wait_for(lambda: children_running(proc.pid, "sft"), 120, "the SFT child to start")
+        wait_for(lambda: children_running(proc.pid, "sft"), 120, "the SFT child to start", proc)
         sft = children_running(proc.pid, "sft")
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)  # not the SFT's 100,000 steps

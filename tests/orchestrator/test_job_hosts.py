@@ -65,13 +65,13 @@ def test_losing_the_second_docker_engine_mid_job_fails_only_its_trajectories(
     proc = start(config)
     try:
         wait_for(lambda: open_store(tmp_path) is not None and learner_steps(tmp_path) >= 1
-                 and running(tmp_path), 300, "a learner step with trajectories in flight")
+                 and running(tmp_path), 300, "a learner step with trajectories in flight", proc)
         store = open_store(tmp_path)
         run_id = store.runs()[0].id
         # a container serving a trajectory (renamed from its pool name when assigned)
         wait_for(lambda: any(not any("-pool-" in name for name in c["Names"])
                              for c in _containers_on(second_docker_host, run_id)), 120,
-                 "a trajectory's container on the second engine")
+                 "a trajectory's container on the second engine", proc)
         second_docker_host.kill()
         output, _ = proc.communicate(timeout=600)
     finally:

@@ -97,12 +97,13 @@ def test_a_killed_replica_fails_over_and_the_job_finishes(tmp_path, model_dir): 
     proc = start(replica_config(tmp_path, model_dir))
     try:
         wait_for(lambda: len(children_running(proc.pid, "engine")) == 2, 240,
-                 "two engine replicas")
+                 "two engine replicas", proc)
         first = children_running(proc.pid, "engine")
         # early, so that on an idle machine the restarted replica serves part of the job; after
         # both replicas have served (a kill before the victim's first call finishes would leave
         # every stored call on the survivor)
-        wait_for(lambda: engines_serving(tmp_path) >= 2, 300, "model calls from both replicas")
+        wait_for(lambda: engines_serving(tmp_path) >= 2, 300, "model calls from both replicas",
+                 proc)
         kill_while_generating(first, time.monotonic() + 300)
         output, _ = proc.communicate(timeout=600)  # hang guard
     finally:

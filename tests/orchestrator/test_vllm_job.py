@@ -81,7 +81,7 @@ def test_vllm_killed_mid_run_fails_clearly_then_resume_finishes_with_agreeing_lo
     config = vllm_job_config(tmp_path, smollm2_dir, steps=3)
     proc = run(config)
     try:
-        wait_for(lambda: learner_steps(tmp_path) >= 1, 1200, "a learner step")
+        wait_for(lambda: learner_steps(tmp_path) >= 1, 1200, "a learner step", proc)
         engines = vllm_children(proc.pid)
         assert len(engines) == 1, children_of(proc.pid)
         os.kill(engines[0], signal.SIGKILL)

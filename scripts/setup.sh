@@ -29,7 +29,7 @@ fi
 
 if [ "${1:-}" = "--all" ]; then
   # A fresh clone's set-up for the tests took 7.4 GB (two venvs, the models, the images) and
-  # the suite 3 GB more at its peak (one SmolLM2 job's checkpoints), plus the Debian packages
+  # the suite 3-3.5 GB more at its peak (one SmolLM2 job's checkpoints), plus the Debian packages
   # on a fresh machine. A full disk fails tests in scattered ways; say so before they start.
   free_gb=$(df -Pk . "${TMPDIR:-/tmp}" | awk 'NR > 1 { if (min == "" || $4 < min) min = $4 } END { print int(min / 1048576) }')
   if [ "$free_gb" -lt 12 ]; then

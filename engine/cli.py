@@ -9,7 +9,8 @@ import typer
 
 from config.engine import EngineServerConfig
 
-engine_app = typer.Typer(no_args_is_help=True)
+# `python -m engine serve` runs as a job's child (see learner/cli.py): plain tracebacks
+engine_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 model_app = typer.Typer(no_args_is_help=True)
 
 

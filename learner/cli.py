@@ -18,7 +18,10 @@ import typer
 if TYPE_CHECKING:
     from config.learner import LearnerConfig
 
-app = typer.Typer(no_args_is_help=True)
+# `python -m learner` runs as a job's child, whose log tail is what the job reports when it
+# dies: plain tracebacks (the whole call chain, grep-able) rather than rich's boxes. The
+# `stalewise learner` commands follow the `stalewise` app's own setting.
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 
 
 def _quiet_transformers() -> None:

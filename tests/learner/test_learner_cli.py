@@ -238,3 +238,20 @@ def test_a_jobs_warm_start_is_one_file_whose_seed_is_recorded(workdir):
     twice = CliRunner().invoke(app, ["learner", "sft", str(workdir / "tiny"), "--out",
                                      str(workdir / "never"), "--job", str(path), "--seed", "1"])
     assert twice.exit_code != 0 and "--job holds the whole warm start; drop --seed" in twice.output
+
+
+def test_the_learner_child_fails_with_a_plain_traceback_its_job_can_quote(workdir):
+    """`python -m learner` is a job's child: when it dies, the job reports the last 4,000
+    characters of its log. A plain traceback fits the whole call chain and ends on the error;
+    rich's boxes (typer's default) fill that with the innermost frame's source."""
+    import subprocess
+    import sys
+
+    (workdir / "a-file").write_text("")
+    done = subprocess.run([sys.executable, "-m", "learner", "sft", str(workdir / "tiny"),
+                           "--out", str(workdir / "a-file" / "sft"), "--synthetic", "4",
+                           "--steps", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "Traceback (most recent call last)" in done.stderr and "│" not in done.stderr
+    assert "in warm_start" in done.stderr  # the chain, not only the innermost frame
+    assert done.stderr.rstrip().splitlines()[-1].startswith("FileExistsError")

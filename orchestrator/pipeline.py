@@ -543,12 +543,17 @@ class Pipeline:
         if group.group_id in self._held:
             return
         self._held[group.group_id] = group
-        for group_id in self.release.ready(group.group_id):
+        entering = self.release.ready(group.group_id)
+        while entering:
+            group_id = entering.pop(0)
             released = self._held[group_id]
             await self._settle(released, self._group_decisions(released))
             del self._held[group_id]
-            if not released.decided:  # a member was requeued: it keeps its place in line
+            if not released.decided:  # a member was requeued: it keeps its place in line,
                 self.release.reopened(group_id, released.dispatch_version)
+                for behind in entering:  # and the groups released behind it wait for it again
+                    self.release.returned(behind, self._held[behind].dispatch_version)
+                entering = self.release.releasable()
 
     def _group_decisions(self, group: GroupState) -> list[Decision]:
         members = [group.finished[i] for i in sorted(group.finished)]

@@ -10,7 +10,8 @@
 
 `ReleaseOrder` only does the bookkeeping: `opened` when a group is dispatched, `ready` when it is
 decided (it returns the groups that may enter now, in order), `reopened` when a released group
-turned out to need a requeue after all. Pure: no I/O, no clock.
+turned out to need a requeue after all, `returned` for each group released behind it (they wait
+again), `releasable` for what may enter then. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -50,6 +51,18 @@ class ReleaseOrder:
         self._ready.add(group_id)
         if self.mode == "ready_first":
             return self._release([group_id])
+        return self.releasable()
+
+    def returned(self, group_id: int, dispatch_version: int) -> None:
+        """A group released behind one that was then reopened: decided, back in its place in
+        line (it must not enter before the reopened group; `releasable` says when it may)."""
+        self._open[group_id] = _Open(self._seqs[group_id], dispatch_version)
+        self._ready.add(group_id)
+
+    def releasable(self) -> list[int]:
+        """The decided groups that may enter the stream now, in order (taken out of line)."""
+        if self.mode == "ready_first":
+            return self._release(sorted(self._ready, key=lambda g: self._open[g].seq))
         waiting = [g for g in self._open if g not in self._ready]
         if self.mode == "in_order":
             head = min((self._open[g].seq for g in waiting), default=None)

@@ -32,6 +32,38 @@ def test_in_order_holds_a_group_until_everything_dispatched_before_it_is_decided
     assert order.ready(11) == [11, 14, 15]
 
 
+def test_groups_released_behind_a_reopened_group_wait_for_it_again():
+    """A batch [11, 12, 13] is released; 11 turns out to need a requeue. 12 and 13 must not
+    enter before it: they go back in line, decided, and enter right after 11 does."""
+    order = ReleaseOrder("in_order")
+    for g in (10, 11, 12, 13, 14):
+        order.opened(g, 0)
+    assert order.ready(12) == [] and order.ready(13) == [] and order.ready(10) == [10]
+    entering = order.ready(11)
+    assert entering == [11, 12, 13]
+    order.reopened(11, 0)
+    for behind in entering[1:]:
+        order.returned(behind, 0)
+    assert order.releasable() == [] and order.waiting == 2
+    assert order.ready(14) == []
+    assert order.ready(11) == [11, 12, 13, 14]
+
+
+def test_weight_fifo_holds_newer_weights_behind_a_reopened_group():
+    order = ReleaseOrder("weight_fifo")
+    order.opened(1, 0)
+    order.opened(2, 1)
+    order.opened(3, 1)
+    assert order.ready(3) == [] and order.ready(2) == []
+    entering = order.ready(1)
+    assert entering == [1, 2, 3]
+    order.reopened(1, 0)
+    for behind in entering[1:]:
+        order.returned(behind, 1)
+    assert order.releasable() == []  # version 0 is open again
+    assert order.ready(1) == [1, 2, 3]
+
+
 def test_weight_fifo_lets_older_weights_go_first():
     order = ReleaseOrder("weight_fifo")
     order.opened(1, 0)

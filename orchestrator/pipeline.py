@@ -182,6 +182,9 @@ class Pipeline:
                         else None)
         # complete groups in line: waiting for their turn, or released and not yet settled
         self._held: dict[int, GroupState] = {}
+        # one release at a time: groups taken out of line are settled (stored) in their order
+        # before any other decide may take the next ones
+        self._releasing = anyio.Lock()
         self.rl_started: float | None = None  # when run() began: the budget's clock
         self.in_flight = 0
         self.starting = 0  # dispatched members not yet running (their tasks start soon)
@@ -543,17 +546,18 @@ class Pipeline:
         if group.group_id in self._held:
             return
         self._held[group.group_id] = group
-        entering = self.release.ready(group.group_id)
-        while entering:
-            group_id = entering.pop(0)
-            released = self._held[group_id]
-            await self._settle(released, self._group_decisions(released))
-            del self._held[group_id]
-            if not released.decided:  # a member was requeued: it keeps its place in line,
-                self.release.reopened(group_id, released.dispatch_version)
-                for behind in entering:  # and the groups released behind it wait for it again
-                    self.release.returned(behind, self._held[behind].dispatch_version)
-                entering = self.release.releasable()
+        async with self._releasing:
+            entering = self.release.ready(group.group_id)
+            while entering:
+                group_id = entering.pop(0)
+                released = self._held[group_id]
+                await self._settle(released, self._group_decisions(released))
+                del self._held[group_id]
+                if not released.decided:  # a member was requeued: it keeps its place in line,
+                    self.release.reopened(group_id, released.dispatch_version)
+                    for behind in entering:  # and the groups released behind it wait for it
+                        self.release.returned(behind, self._held[behind].dispatch_version)
+                    entering = self.release.releasable()
 
     def _group_decisions(self, group: GroupState) -> list[Decision]:
         members = [group.finished[i] for i in sorted(group.finished)]

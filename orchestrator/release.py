@@ -49,8 +49,6 @@ class ReleaseOrder:
         if group_id not in self._open:
             return [group_id]  # not tracked (dispatched before the order was known)
         self._ready.add(group_id)
-        if self.mode == "ready_first":
-            return self._release([group_id])
         return self.releasable()
 
     def returned(self, group_id: int, dispatch_version: int) -> None:

@@ -410,9 +410,10 @@ def copy_image(source: "docker.DockerClient", target: "docker.DockerClient", ima
         # The load's progress stream carries its outcome: it must be read to the end, or the
         # engine's error (and whether the load finished at all) goes unseen.
         for message in target.api.load_image(source.api.get_image(image), quiet=True):
-            if isinstance(message, dict) and (message.get("error") or message.get("errorDetail")):
-                detail = message.get("error") or message["errorDetail"].get("message", message)
-                raise SandboxError(f"{failed}: the target engine said: {detail}")
+            error = isinstance(message, dict) and (
+                message.get("error") or message.get("errorDetail", {}).get("message"))
+            if error:
+                raise SandboxError(f"{failed}: the target engine said: {error}")
         loaded = image_exists(target, image)
     except (docker.errors.DockerException, OSError) as exc:
         raise SandboxError(f"{failed}: {exc}") from exc

@@ -24,7 +24,7 @@ settings.register_profile("stalewise", deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("stalewise")
 
-_least_free: dict[str, object] = {}
+_least_free = {"bytes": float("inf"), "test": ""}
 
 
 @pytest.hookimpl(wrapper=True)
@@ -34,14 +34,14 @@ def pytest_runtest_call(item):
         return (yield)
     finally:
         free = shutil.disk_usage(tempfile.gettempdir()).free
-        if free < _least_free.get("bytes", float("inf")):
+        if free < _least_free["bytes"]:
             _least_free.update(bytes=free, test=item.nodeid)
 
 
 @pytest.hookimpl(trylast=True)  # after the durations, next to the failures' summary
 def pytest_terminal_summary(terminalreporter):
-    if "bytes" in _least_free:
-        free = int(_least_free["bytes"]) / 1e9
+    if _least_free["test"]:
+        free = _least_free["bytes"] / 1e9
         terminalreporter.write_line(
             f"disk: {free:.1f} GB free at the least, under {tempfile.gettempdir()}, after "
             f"{_least_free['test']}" + (" -- the disk was (nearly) full: tests that write "

@@ -164,23 +164,23 @@ class _SavedImage:
         return self.archive
 
 
-def _archive(**members: bytes) -> bytes:
+def _archive(name: str, data: bytes) -> bytes:
+    """A tar archive of one file."""
     import io
     import tarfile
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
 
 
 @pytest.mark.docker
 @pytest.mark.parametrize("archive, words", [
     (b"not a tar archive", "the target engine said: Error processing tar file"),
-    (_archive(**{"manifest.json": b"[]"}), "reported no error, yet has no stalewise-test-absent"),
+    (_archive("manifest.json", b"[]"), "reported no error, yet has no stalewise-test-absent"),
 ])
 def test_an_image_copy_the_target_did_not_load_fails_saying_why(archive, words):
     """The engine reports a failed load (a full disk, a broken stream) in the load's progress

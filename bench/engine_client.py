@@ -1,0 +1,235 @@
+"""What a model call costs the orchestrator's CPU with a real engine client, over real HTTP.
+
+`bench/orchestrator.py` runs the scripted engine in the orchestrator's process, so its CPU per
+turn holds the fake's work where a real job pays the engine client's: building the request body,
+httpx, and decoding the reply. This bench measures both, side by side in one run, with the same
+conversations in flight on one core:
+
+- `http`: `EmbeddedEngineClient.generate` (the client a job builds for `stalewise engine serve`)
+  against a server in a child process, pinned to another core, that speaks the
+  `/stalewise/generate` wire format and answers after the call's latency with a canned reply;
+- `scripted`: the in-process `ScriptedEngine` that `bench/orchestrator.py` uses;
+- `floor`: an engine that only sleeps the latency and returns a prepared result: what the
+  conversations themselves cost (growing the prompt, counting).
+
+Each conversation starts from `--prompt` tokens and grows by the reply and `--tool-tokens` per
+turn, for `--turns` turns, then starts again: the defaults give prompts of about 465 tokens on
+average and 42-token replies, as `bench/orchestrator.py`'s `longhaul` trajectories have.
+Printed per contender (median of `--repeats` windows, the contenders alternating): calls per
+second, the client process's CPU ms per call, and that minus the floor, which is what the engine
+side of a turn costs the orchestrator. For `http`, also the server's CPU ms per call (its own
+core; not the orchestrator's). The client keeps at most `--connections` requests open, as a
+job's engine client does (256), so with more conversations than that the rest wait in its pool
+and `http` makes fewer calls per second than the others.
+
+    .venv/bin/python bench/engine_client.py [--in-flight 1000] [--latency-s 0.4]
+        [--connections 256] [--seconds 10] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this folder is first on sys.path, where bench/engine.py and bench/learner.py
+# would shadow the packages of the same names: drop it.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import random  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+import anyio  # noqa: E402
+import numpy as np  # noqa: E402
+
+from core.engine_api import (  # noqa: E402
+    GENERATE_ROUTE,
+    INFO_ROUTE,
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    encode_generate_reply,
+)
+from core.records import FLOAT32, INT32, SampledTokens  # noqa: E402
+from orchestrator.engines.embedded import engine_client  # noqa: E402
+from orchestrator.engines.scripted import LatencyModel, ScriptedEngine, ScriptedTurn  # noqa: E402
+from orchestrator.pipeline import tune_gc_for_concurrency  # noqa: E402
+
+
+def reply_tokens(count: int) -> SampledTokens:
+    """A reply of `count` tokens, as the engine records one (no top-k)."""
+    rng = np.random.default_rng(0)
+    return SampledTokens(
+        token_ids=rng.integers(3, 200, count).astype(INT32),
+        sampler_logprobs=(-rng.exponential(1 / 3.0, count)).astype(FLOAT32),
+        weights_versions=np.zeros(count, INT32), kv_versions=np.zeros(count, INT32),
+        time_offsets=np.linspace(0.01, 0.2, count, dtype=FLOAT32))
+
+
+# ---- the server (child process) ----------------------------------------------------------------
+
+def serve(fd: int, args: argparse.Namespace) -> None:
+    """Answer `/stalewise/generate` on the inherited listening socket `fd` until killed."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import ClientDisconnect, Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    result = GenerateResult(tokens=reply_tokens(args.reply_tokens), finish_reason="stop",
+                            prompt_tokens=0, cached_prompt_tokens=0, engine_id="bench")
+    canned = encode_generate_reply(result, request_id="")
+    draws = random.Random(1)
+
+    async def generate(request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ClientDisconnect:  # the bench cancels its calls at the end of a window
+            return Response(status_code=499)
+        await anyio.sleep(args.latency_s * math.exp(draws.gauss(0.0, 0.3)))
+        return JSONResponse({**canned, "request_id": body["request_id"],
+                             "prompt_tokens": len(body["prompt_token_ids"])})
+
+    async def info(request: Request) -> JSONResponse:
+        return JSONResponse({"model": "bench"})
+
+    app = Starlette(routes=[Route(GENERATE_ROUTE, generate, methods=["POST"]),
+                            Route(INFO_ROUTE, info, methods=["GET"])])
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                           backlog=4096, timeout_keep_alive=60))
+    server.run(sockets=[socket.socket(fileno=fd)])
+
+
+# ---- the client side ---------------------------------------------------------------------------
+
+class FloorEngine:
+    """Sleeps the call's latency and returns one prepared result: the conversations' own cost."""
+
+    def __init__(self, latency_s: float, tokens: SampledTokens) -> None:
+        self.latency_s, self.draws = latency_s, random.Random(1)
+        self.result = GenerateResult(tokens=tokens, finish_reason="stop", prompt_tokens=0,
+                                     cached_prompt_tokens=0, engine_id="floor")
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        await anyio.sleep(self.latency_s * math.exp(self.draws.gauss(0.0, 0.3)))
+        return self.result
+
+
+async def window(engine, args: argparse.Namespace,
+                 server_pid: int | None = None) -> dict[str, float]:
+    """`args.in_flight` conversations against `engine` for the window: calls/s, CPU ms per call
+    (this process), and the server's CPU ms per call (process `server_pid`, if given)."""
+    params = SamplingParams(max_tokens=256, stop_token_ids=(2,))
+    tool = list(range(100, 100 + args.tool_tokens))
+    calls = 0
+    counting = False
+
+    async def conversation(i: int) -> None:
+        nonlocal calls
+        trajectory = 0
+        while True:
+            prompt = list(range(3, 3 + args.prompt))
+            trajectory += 1
+            for _ in range(args.turns):
+                result = await engine.generate(GenerateRequest(
+                    prompt_token_ids=prompt, params=params, session_id=f"{i}-{trajectory}"))
+                prompt = prompt + result.tokens.token_ids.tolist() + tool
+                if counting:
+                    calls += 1
+
+    async with anyio.create_task_group() as tg:
+        for i in range(args.in_flight):
+            tg.start_soon(conversation, i)
+        await anyio.sleep(args.warmup)
+        server = child_cpu_s(server_pid) if server_pid else 0.0
+        counting, wall, cpu = True, time.monotonic(), time.process_time()
+        await anyio.sleep(args.seconds)
+        counting, wall, cpu = False, time.monotonic() - wall, time.process_time() - cpu
+        server = child_cpu_s(server_pid) - server if server_pid else 0.0
+        tg.cancel_scope.cancel()
+    return {"calls_per_s": calls / wall, "cpu_ms": 1000 * cpu / max(calls, 1),
+            "server_cpu_ms": 1000 * server / max(calls, 1)}
+
+
+def child_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (/proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def http_window(base_url: str, server_pid: int, args: argparse.Namespace) -> dict:
+    async with engine_client(base_url, kind="embedded",
+                             max_connections=args.connections) as client:
+        return await window(client, args, server_pid)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--in-flight", type=int, default=1000, help="conversations at once")
+    parser.add_argument("--latency-s", type=float, default=0.4,
+                        help="median latency of a call (lognormal, sigma 0.3)")
+    parser.add_argument("--prompt", type=int, default=150, help="a conversation's first prompt")
+    parser.add_argument("--reply-tokens", type=int, default=42, help="tokens in each reply")
+    parser.add_argument("--tool-tokens", type=int, default=20,
+                        help="tokens a turn adds after the reply (the tool's result)")
+    parser.add_argument("--turns", type=int, default=12, help="calls per conversation")
+    parser.add_argument("--connections", type=int, default=256,
+                        help="the client's connection pool (a job's engine client: 256)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measurement window")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
+    parser.add_argument("--repeats", type=int, default=3, help="windows per contender")
+    parser.add_argument("--serve-fd", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if args.serve_fd is not None:
+        if len(cpus) > 1:
+            os.sched_setaffinity(0, {cpus[1]})
+        return serve(args.serve_fd, args)
+    tune_gc_for_concurrency()  # as `stalewise run` does
+    listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve-fd", str(listener.fileno()),
+         "--latency-s", str(args.latency_s), "--reply-tokens", str(args.reply_tokens)],
+        pass_fds=[listener.fileno()])
+    if cpus:
+        os.sched_setaffinity(0, {cpus[0]})
+    base_url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    tokens = reply_tokens(args.reply_tokens)
+    scripted_turn = ScriptedTurn(tuple(int(t) for t in tokens.token_ids), finish_reason="stop")
+    try:
+        rows: dict[str, list[dict]] = {"floor": [], "scripted": [], "http": []}
+        for _ in range(args.repeats):
+            rows["floor"].append(anyio.run(window, FloorEngine(args.latency_s, tokens), args))
+            scripted = ScriptedEngine(lambda key, index: scripted_turn, keep_requests=False,
+                                      latency=LatencyModel(fixed_s=args.latency_s,
+                                                           jitter_sigma=0.3))
+            rows["scripted"].append(anyio.run(window, scripted, args))
+            rows["http"].append(anyio.run(http_window, base_url, server.pid, args))
+    finally:
+        server.kill()
+        server.wait()
+    print(f"engine client benchmark: {args.in_flight} conversations in flight, one core, call "
+          f"latency {args.latency_s} s, prompts {args.prompt} + {args.reply_tokens + args.tool_tokens}"
+          f" per turn over {args.turns} turns, {args.reply_tokens}-token replies, "
+          f"{args.connections} connections, median of {args.repeats} windows of "
+          f"{args.seconds:g} s")
+    floor = statistics.median(r["cpu_ms"] for r in rows["floor"])
+    print(f"  {'engine':>8}  {'calls/s':>8}  {'CPU ms/call':>11}  {'over floor':>10}  "
+          f"{'runs (CPU ms/call)':>24}  {'server CPU ms/call':>18}")
+    for name, runs in rows.items():
+        cpu = statistics.median(r["cpu_ms"] for r in runs)
+        spread = " / ".join(f"{r['cpu_ms']:.3f}" for r in runs)
+        server_ms = (f"{statistics.median(r['server_cpu_ms'] for r in runs):.3f}"
+                     if name == "http" else "-")
+        print(f"  {name:>8}  {statistics.median(r['calls_per_s'] for r in runs):>8,.0f}  "
+              f"{cpu:>11.3f}  {cpu - floor:>10.3f}  {spread:>24}  {server_ms:>18}")
+
+
+if __name__ == "__main__":
+    main()

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, get_args
 
@@ -59,6 +60,59 @@ class _NotSent(Exception):
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
+# httpcore's pool (1.0.9) goes over all its connections and queued requests each time a request
+# starts or ends, so a call's CPU grows with the pool: with 256 connections and more calls than
+# that in flight, one call cost the orchestrator about 40 ms (bench/engine_client.py). So the
+# transport splits its connections into pools of at most this many and queues calls for a
+# connection itself, and no pool ever holds a queued request.
+POOL_SIZE = 8
+
+
+class _Pools:
+    """`limit` connections to one server: httpx clients of at most `POOL_SIZE` connections each,
+    behind one first-come-first-served queue for a free connection."""
+
+    def __init__(self, base_url: str, limit: int, timeout: httpx.Timeout,
+                 transport: httpx.AsyncBaseTransport | None) -> None:
+        if limit < 1:
+            raise ValueError(f"max_connections must be at least 1, got {limit}")
+        sizes = [min(POOL_SIZE, limit - start) for start in range(0, limit, POOL_SIZE)]
+        verify = httpx.create_ssl_context()  # one for all the clients: each costs ~25 ms
+        self.clients = [httpx.AsyncClient(
+            base_url=base_url, transport=transport, timeout=timeout, verify=verify,
+            limits=httpx.Limits(max_connections=size, max_keepalive_connections=size))
+            for size in sizes]
+        self.free = sizes  # connections not in use, per client
+        self.limit = limit
+        self._slots = anyio.Semaphore(limit)
+
+    @asynccontextmanager
+    async def connection(self, wait_s: float) -> AsyncIterator[httpx.AsyncClient]:
+        """A client with a connection free for one request, held until the block ends; waits at
+        most `wait_s` for one (then `httpx.PoolTimeout`: the request was not sent)."""
+        try:
+            self._slots.acquire_nowait()
+        except anyio.WouldBlock:
+            with anyio.move_on_after(wait_s) as waiting:
+                await self._slots.acquire()
+            if waiting.cancelled_caught:
+                raise httpx.PoolTimeout(f"all {self.limit} connections stayed busy for "
+                                        f"{wait_s:g}s") from None
+        # The first client with a free connection: at low load every call shares one pool's
+        # kept-alive connections, as one client would.
+        index = next(i for i, free in enumerate(self.free) if free)
+        self.free[index] -= 1
+        try:
+            yield self.clients[index]
+        finally:
+            self.free[index] += 1
+            self._slots.release()
+
+    async def aclose(self) -> None:
+        for client in self.clients:
+            await client.aclose()
+
+
 class EngineTransport:
     """HTTP to one engine server with the failure policy of the module docstring."""
 
@@ -72,14 +126,11 @@ class EngineTransport:
         self.timeouts = timeouts
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url, transport=transport,
-            limits=httpx.Limits(max_connections=max_connections,
-                                max_keepalive_connections=max_connections),
-            timeout=self.timeout(timeouts.control))
+        self._pools = _Pools(self.base_url, max_connections, self.timeout(timeouts.control),
+                             transport)
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._pools.aclose()
 
     def timeout(self, read: float) -> httpx.Timeout:
         t = self.timeouts
@@ -100,8 +151,9 @@ class EngineTransport:
         while True:
             try:
                 try:
-                    return await self._http.request(method, path, json=json_body, params=params,
-                                                    timeout=self.timeout(read_timeout))
+                    async with self._pools.connection(self.timeouts.pool) as http:
+                        return await http.request(method, path, json=json_body, params=params,
+                                                  timeout=self.timeout(read_timeout))
                 except _NOT_SENT as exc:
                     raise _NotSent(str(exc) or type(exc).__name__) from exc
             except _NotSent as exc:
@@ -166,8 +218,8 @@ class EngineTransport:
                            errors: Mapping[int, type[EngineError]] | None) -> None:
         read = self.timeouts.generate
         try:
-            async with self._http.stream("POST", path, json=json_body,
-                                         timeout=self.timeout(read)) as response:
+            async with self._pools.connection(self.timeouts.pool) as http, http.stream(
+                    "POST", path, json=json_body, timeout=self.timeout(read)) as response:
                 if response.status_code >= 400:
                     await response.aread()
                     self.raise_for_status(response, path, errors)
@@ -194,8 +246,8 @@ class EngineTransport:
     async def healthy(self) -> bool:
         """True when `/health` answers 200; never raises, never retries."""
         try:
-            response = await self._http.get("/health",
-                                            timeout=self.timeout(self.timeouts.control))
+            async with self._pools.connection(self.timeouts.pool) as http:
+                response = await http.get("/health", timeout=self.timeout(self.timeouts.control))
         except httpx.HTTPError:
             return False
         return response.status_code == 200

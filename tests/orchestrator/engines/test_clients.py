@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 
 import anyio
+import anyio.lowlevel
 import httpx
 import numpy as np
 import pytest
@@ -34,6 +35,7 @@ from orchestrator.engines.embedded import (
     VllmEngineClient,
     engine_client,
 )
+from orchestrator.engines.http import EngineTimeouts
 
 URL = "http://engine.test"
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -157,6 +159,83 @@ def test_idempotent_calls_are_retried_after_a_timeout():
     metrics = run("embedded", failing(httpx.ReadTimeout, calls, succeed_after=2),
                   lambda e: e.metrics(), retries=2)
     assert metrics == {"tokens/generated_total": 1.0} and len(calls) == 3
+
+
+def replying(gate: anyio.Event | None = None, open_now: list[int] | None = None):
+    """An async handler answering RESULT; it counts the requests open at once in `open_now`
+    ([now, most]) and, given `gate`, holds each until the gate is set."""
+    async def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if open_now is not None:
+            open_now[0] += 1
+            open_now[1] = max(open_now[1], open_now[0])
+        try:
+            if gate is not None:
+                await gate.wait()
+            for _ in range(3):
+                await anyio.lowlevel.checkpoint()
+        finally:
+            if open_now is not None:
+                open_now[0] -= 1
+        return httpx.Response(200, json=encode_generate_reply(
+            RESULT, request_id=body["request_id"]))
+    return handler
+
+
+@pytest.mark.parametrize("limit", [1, 20, 40])
+def test_no_more_calls_are_open_at_once_than_the_client_has_connections(limit):
+    """The client queues calls beyond `max_connections` itself (its connections are split
+    over several small pools): 100 calls at once all finish, `limit` of them open at a time."""
+    open_now = [0, 0]
+
+    async def main():
+        async with engine_client(URL, transport=httpx.MockTransport(replying(
+                open_now=open_now)), max_connections=limit) as engine:
+            results = []
+
+            async def one(i: int) -> None:
+                results.append(await engine.generate(GenerateRequest([1, i], SamplingParams())))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(100):
+                    tg.start_soon(one, i)
+            return results
+
+    results = anyio.run(main)
+    assert len(results) == 100 and all(r == RESULT for r in results)
+    assert open_now == [0, limit]
+
+
+def test_a_call_that_finds_every_connection_busy_too_long_was_not_sent():
+    """Waiting for a connection is bounded by `EngineTimeouts.pool`; the call never left, so
+    it is retried, then named."""
+    gate = anyio.Event()
+
+    async def main():
+        with anyio.fail_after(10):
+            await calls()
+
+    async def calls():
+        async with engine_client(URL, transport=httpx.MockTransport(replying(gate)),
+                                 max_connections=1, retries=1, retry_backoff_s=0.0,
+                                 timeouts=EngineTimeouts(pool=0.05)) as engine:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(engine.generate, GenerateRequest([1], SamplingParams()))
+                await anyio.sleep(0.01)  # the first call holds the only connection
+                try:
+                    with pytest.raises(EngineError, match=r"cannot reach the embedded engine "
+                                       r"at http://engine.test/stalewise/generate after 2 "
+                                       r"attempts \(all 1 connections stayed busy for 0.05s\)"):
+                        await engine.generate(GenerateRequest([2], SamplingParams()))
+                finally:
+                    gate.set()  # the first call then finishes
+
+    anyio.run(main)
+
+
+def test_a_client_needs_a_connection():
+    with pytest.raises(ValueError, match="max_connections must be at least 1, got 0"):
+        engine_client(URL, max_connections=0)
 
 
 def sse(*events: dict) -> bytes:

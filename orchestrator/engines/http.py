@@ -20,6 +20,7 @@ No torch here.
 from __future__ import annotations
 
 import json
+import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -40,6 +41,7 @@ from core.engine_api import (
     UpdateMode,
     WeightUpdateReport,
 )
+from orchestrator.engines.http1 import Http1Client
 
 
 @dataclass(frozen=True)
@@ -61,35 +63,40 @@ _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
 # httpcore's pool (1.0.9) goes over all its connections and queued requests each time a request
-# starts or ends, so a call's CPU grows with the pool: with 256 connections and more calls than
-# that in flight, one call cost the orchestrator about 40 ms (bench/engine_client.py). So the
-# transport splits its connections into pools of at most this many and queues calls for a
-# connection itself, and no pool ever holds a queued request.
+# starts or ends, so a call's CPU grows with the pool: with 256 connections and 1,000 calls in
+# flight, one call cost the orchestrator 20-40 ms (bench/engine_client.py). So the httpx
+# connections are split into pools of at most this many, and calls queue for a connection in
+# the transport's own queue: no pool ever holds a queued request.
 POOL_SIZE = 8
 
 
 class _Pools:
-    """`limit` connections to one server: httpx clients of at most `POOL_SIZE` connections each,
-    behind one first-come-first-served queue for a free connection."""
+    """`limit` connections to one server behind one first-come-first-served queue for a free
+    connection. Plain requests to an `http://` server go through the lean client
+    (`orchestrator.engines.http1`); streamed ones, `https://`, a proxied server or an injected
+    `transport` (tests) through httpx clients of at most `POOL_SIZE` connections each, made on
+    first use."""
 
     def __init__(self, base_url: str, limit: int, timeout: httpx.Timeout,
                  transport: httpx.AsyncBaseTransport | None) -> None:
         if limit < 1:
             raise ValueError(f"max_connections must be at least 1, got {limit}")
-        sizes = [min(POOL_SIZE, limit - start) for start in range(0, limit, POOL_SIZE)]
-        verify = httpx.create_ssl_context()  # one for all the clients: each costs ~25 ms
-        self.clients = [httpx.AsyncClient(
-            base_url=base_url, transport=transport, timeout=timeout, verify=verify,
-            limits=httpx.Limits(max_connections=size, max_keepalive_connections=size))
-            for size in sizes]
-        self.free = sizes  # connections not in use, per client
-        self.limit = limit
+        self.base_url, self.limit, self._timeout, self._transport = (
+            base_url, limit, timeout, transport)
+        url = httpx.URL(base_url)
+        self.lean = (Http1Client(base_url)
+                     if transport is None and url.scheme == "http" and not _proxied(url.host)
+                     else None)
+        self.clients: list[httpx.AsyncClient] = []
+        self.free: list[int] = []  # connections not in use, per httpx client
         self._slots = anyio.Semaphore(limit)
 
     @asynccontextmanager
-    async def connection(self, wait_s: float) -> AsyncIterator[httpx.AsyncClient]:
-        """A client with a connection free for one request, held until the block ends; waits at
-        most `wait_s` for one (then `httpx.PoolTimeout`: the request was not sent)."""
+    async def connection(self, wait_s: float, *, streamed: bool = False
+                         ) -> AsyncIterator[Http1Client | httpx.AsyncClient]:
+        """A client with a connection free for one request, held until the block ends (the lean
+        one unless `streamed` or there is none); waits at most `wait_s` for a connection (then
+        `httpx.PoolTimeout`: the request was not sent)."""
         try:
             self._slots.acquire_nowait()
         except anyio.WouldBlock:
@@ -98,19 +105,46 @@ class _Pools:
             if waiting.cancelled_caught:
                 raise httpx.PoolTimeout(f"all {self.limit} connections stayed busy for "
                                         f"{wait_s:g}s") from None
-        # The first client with a free connection: at low load every call shares one pool's
-        # kept-alive connections, as one client would.
-        index = next(i for i, free in enumerate(self.free) if free)
-        self.free[index] -= 1
         try:
-            yield self.clients[index]
+            if self.lean is not None and not streamed:
+                yield self.lean
+                return
+            # The first httpx client with a free connection: at low load every call shares one
+            # pool's kept-alive connections, as one client would.
+            index = self._free_client()
+            self.free[index] -= 1
+            try:
+                yield self.clients[index]
+            finally:
+                self.free[index] += 1
         finally:
-            self.free[index] += 1
             self._slots.release()
 
+    def _free_client(self) -> int:
+        if not self.clients:
+            sizes = [min(POOL_SIZE, self.limit - start)
+                     for start in range(0, self.limit, POOL_SIZE)]
+            verify = httpx.create_ssl_context()  # one for all the clients: each costs ~25 ms
+            self.clients = [httpx.AsyncClient(
+                base_url=self.base_url, transport=self._transport, timeout=self._timeout,
+                verify=verify,
+                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size))
+                for size in sizes]
+            self.free = sizes
+        return next(i for i, free in enumerate(self.free) if free)
+
     async def aclose(self) -> None:
+        if self.lean is not None:
+            await self.lean.aclose()
         for client in self.clients:
             await client.aclose()
+
+
+def _proxied(host: str) -> bool:
+    """Whether httpx (which reads the proxy environment) would send to `host` through a proxy."""
+    proxies = urllib.request.getproxies()
+    return bool(proxies.get("http") or proxies.get("all")) and not urllib.request.proxy_bypass(
+        host)
 
 
 class EngineTransport:
@@ -218,7 +252,8 @@ class EngineTransport:
                            errors: Mapping[int, type[EngineError]] | None) -> None:
         read = self.timeouts.generate
         try:
-            async with self._pools.connection(self.timeouts.pool) as http, http.stream(
+            async with self._pools.connection(self.timeouts.pool, streamed=True) as http, \
+                    http.stream(
                     "POST", path, json=json_body, timeout=self.timeout(read)) as response:
                 if response.status_code >= 400:
                     await response.aread()
@@ -247,7 +282,8 @@ class EngineTransport:
         """True when `/health` answers 200; never raises, never retries."""
         try:
             async with self._pools.connection(self.timeouts.pool) as http:
-                response = await http.get("/health", timeout=self.timeout(self.timeouts.control))
+                response = await http.request("GET", "/health",
+                                              timeout=self.timeout(self.timeouts.control))
         except httpx.HTTPError:
             return False
         return response.status_code == 200

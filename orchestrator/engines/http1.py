@@ -1,0 +1,247 @@
+"""A lean HTTP/1.1 client for an engine's request/reply routes: kept-alive connections to one
+server, each request in one write, each reply read by its `Content-Length`, its chunks, or to
+the end of the connection.
+
+A model call through httpx costs the orchestrator about 1.2 ms of CPU (its client, httpcore,
+h11 and anyio's streams, per call); this client does the same exchange in about a quarter of that
+(`bench/engine_client.py`), and the engine client is most of what a turn costs a real job.
+`orchestrator.engines.http.EngineTransport` sends its plain `http://` requests through it;
+streamed replies, `https://` and proxied URLs stay on httpx.
+
+Failures are httpx's exception classes, so the transport's failure policy reads both clients
+alike: `ConnectError`/`ConnectTimeout` (the request never left), `ReadTimeout` (no reply in
+time), `RemoteProtocolError` (the server closed the connection or sent something that is not
+HTTP/1.1). A request that ends any other way than with a whole reply (cancelled, timed out,
+broken) closes its connection; only a connection whose exchange completed is used again.
+asyncio only (the orchestrator's event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any
+from urllib.parse import urlencode
+
+import httpx
+
+_HEAD_END = b"\r\n\r\n"
+_NO_BODY = frozenset({204, 304})
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection: the bytes received and not yet read, and a waiter for more."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.closed = False  # the server closed its side, or the connection is gone
+        self._waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.closed = True
+        self._wake()
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def more(self, timeout: float | None) -> None:
+        """Wait until more bytes arrive or the connection ends; `httpx.ReadTimeout` after
+        `timeout` seconds without either."""
+        if self.closed:
+            raise httpx.RemoteProtocolError("the server closed the connection mid-reply")
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        timer = None if timeout is None else loop.call_later(timeout, _expire, waiter, timeout)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _expire(waiter: asyncio.Future[None], timeout: float) -> None:
+    if not waiter.done():
+        waiter.set_exception(httpx.ReadTimeout(f"no reply within {timeout:g}s"))
+
+
+class Http1Client:
+    """Requests to the server at `base_url` (`http://host:port/prefix`, paths are appended to
+    it); the caller bounds how many run at once (each holds one connection; a connection is
+    opened when none is idle)."""
+
+    def __init__(self, base_url: str) -> None:
+        url = httpx.URL(base_url)
+        if url.scheme != "http":
+            raise ValueError(f"Http1Client speaks plain http://, not {url.scheme}://")
+        self.host, self.port = url.host, url.port or 80
+        self.path_prefix = url.raw_path.decode("ascii").rstrip("/")
+        self._host_header = b"Host: " + url.netloc + b"\r\n"
+        self._idle: list[_Connection] = []
+
+    async def request(self, method: str, path: str, *, json: Any = None,  # noqa: A002
+                      params: dict | None = None, timeout: httpx.Timeout) -> httpx.Response:
+        """`method path` with `json` as its body; the whole reply. Same keywords as
+        `httpx.AsyncClient.request` for the ones the transport uses."""
+        path = self.path_prefix + path
+        if params:
+            path = f"{path}?{urlencode(params)}"
+        head = [f"{method} {path} HTTP/1.1\r\n".encode("latin-1"), self._host_header]
+        body = b""
+        if json is not None:
+            body = _dumps(json)
+            head.append(b"Content-Type: application/json\r\n")
+        if body or method in ("POST", "PUT", "PATCH"):
+            head.append(b"Content-Length: %d\r\n" % len(body))
+        head.append(b"\r\n")
+        connection = await self._connection(timeout.connect)
+        try:
+            assert connection.transport is not None
+            connection.transport.write(b"".join(head) + body)
+            response, keep = await _read_reply(connection, timeout.read, method)
+        except BaseException:
+            connection.close()
+            raise
+        if keep and not connection.closed:
+            self._idle.append(connection)
+        else:
+            connection.close()
+        return response
+
+    async def _connection(self, timeout: float | None) -> _Connection:
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.closed and not connection.buffer:
+                return connection
+            connection.close()  # closed by the server while idle, or sent bytes unasked
+        loop = asyncio.get_running_loop()
+        try:
+            _, connection = await asyncio.wait_for(
+                loop.create_connection(_Connection, self.host, self.port), timeout)
+        except asyncio.TimeoutError as exc:
+            raise httpx.ConnectTimeout(f"no connection to {self.host}:{self.port} within "
+                                       f"{timeout:g}s") from exc
+        except OSError as exc:
+            raise httpx.ConnectError(f"{type(exc).__name__}: {exc}") from exc
+        return connection
+
+    async def aclose(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+
+
+def _dumps(value: Any) -> bytes:
+    """JSON as httpx writes a `json=` body: compact, UTF-8, no NaN."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False).encode("utf-8")
+
+
+async def _read_reply(connection: _Connection, timeout: float | None,
+                      method: str) -> tuple[httpx.Response, bool]:
+    """The next reply on `connection` (informational 1xx replies skipped), and whether the
+    connection can carry another request."""
+    buffer = connection.buffer
+    while True:
+        end = buffer.find(_HEAD_END)
+        while end < 0:
+            if connection.closed:
+                raise httpx.RemoteProtocolError(
+                    "the server closed the connection without sending a reply"
+                    if not buffer else "the server closed the connection mid-reply")
+            await connection.more(timeout)
+            end = buffer.find(_HEAD_END)
+        lines = bytes(buffer[:end]).decode("latin-1").split("\r\n")
+        del buffer[:end + len(_HEAD_END)]
+        version, status = _status_line(lines[0])
+        if 100 <= status < 200:
+            continue
+        break
+    headers = []
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise httpx.RemoteProtocolError(f"malformed reply header {line[:80]!r}")
+        headers.append((name.strip().lower(), value.strip()))
+    fields = dict(headers)
+    tokens = {t.strip().lower() for t in fields.get("connection", "").split(",")}
+    keep = "close" not in tokens and (version == "HTTP/1.1" or "keep-alive" in tokens)
+    if method == "HEAD" or status in _NO_BODY:
+        content = b""
+    elif "chunked" in fields.get("transfer-encoding", "").lower():
+        content = await _read_chunks(connection, timeout)
+    elif "content-length" in fields:
+        try:
+            length = int(fields["content-length"])
+        except ValueError:
+            raise httpx.RemoteProtocolError(
+                f"malformed Content-Length {fields['content-length']!r}") from None
+        while len(buffer) < length:
+            await connection.more(timeout)
+        content = bytes(buffer[:length])
+        del buffer[:length]
+    else:  # the body runs to the end of the connection
+        while not connection.closed:
+            await connection.more(timeout)
+        content, keep = bytes(buffer), False
+        buffer.clear()
+    # The body is already decoded: httpx must not undo a Content-Encoding or chunking again.
+    headers = [(k, v) for k, v in headers if k not in ("content-encoding", "transfer-encoding")]
+    return httpx.Response(status, headers=headers, content=content), keep
+
+
+def _status_line(line: str) -> tuple[str, int]:
+    version, _, rest = line.partition(" ")
+    code = rest[:3]
+    if not version.startswith("HTTP/1.") or not code.isdigit():
+        raise httpx.RemoteProtocolError(f"not an HTTP/1.1 reply: {line[:80]!r}")
+    return version, int(code)
+
+
+async def _read_chunks(connection: _Connection, timeout: float | None) -> bytes:
+    buffer, parts = connection.buffer, []
+    while True:
+        end = buffer.find(b"\r\n")
+        while end < 0:
+            await connection.more(timeout)
+            end = buffer.find(b"\r\n")
+        size_text = bytes(buffer[:end]).split(b";", 1)[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise httpx.RemoteProtocolError(f"malformed chunk size {size_text[:20]!r}") from None
+        del buffer[:end + 2]
+        if size == 0:  # trailers, if any, end with an empty line
+            while (end := buffer.find(b"\r\n")) != 0:
+                if end < 0:
+                    await connection.more(timeout)
+                else:
+                    del buffer[:end + 2]
+            del buffer[:2]
+            return b"".join(parts)
+        while len(buffer) < size + 2:
+            await connection.more(timeout)
+        parts.append(bytes(buffer[:size]))
+        del buffer[:size + 2]

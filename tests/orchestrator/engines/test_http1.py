@@ -1,0 +1,300 @@
+"""The lean HTTP/1.1 client against real TCP servers on loopback that answer with exact bytes.
+
+Contracts: a request is one well-formed write (path prefix, query, Host, compact JSON body);
+a reply is read by Content-Length, by chunks, or to the end of the connection; a connection is
+used again only after a whole reply that keeps it alive; a server that closes, stalls, refuses
+or answers garbage is httpx's error class for it, and the engine client's policy turns those
+into the same `EngineError`s as over httpx. Real servers (uvicorn) are in
+tests/engine/test_engine_http.py and bench/engine_client.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import anyio
+import httpx
+import pytest
+
+from core.engine_api import EngineError, GenerateRequest, SamplingParams
+from orchestrator.engines.embedded import engine_client
+from orchestrator.engines.http1 import Http1Client
+
+TIMEOUT = httpx.Timeout(5.0)
+
+
+class Server:
+    """A loopback TCP server: `reply(request_bytes, connection_index)` gives what to send back
+    for each request (None: close the connection instead; `(bytes, "close")`: send, then
+    close); counts connections and requests."""
+
+    def __init__(self, reply: Callable[[bytes, int], Awaitable[bytes | None] | bytes | None]
+                 ) -> None:
+        self.reply, self.connections, self.requests = reply, 0, []
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        index = self.connections
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                request = head + await reader.readexactly(length)
+                self.requests.append(request)
+                answer = self.reply(request, index)
+                if asyncio.iscoroutine(answer):
+                    answer = await answer
+                if answer is None:
+                    break
+                closing = isinstance(answer, tuple)  # (bytes, "close"): send, then close
+                writer.write(answer[0] if closing else answer)
+                await writer.drain()
+                if closing:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client closed the connection
+        finally:
+            writer.close()
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc) -> None:
+        self._server.close()
+
+
+def ok(body: bytes = b'{"ok":true}', extra: bytes = b"") -> bytes:
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
+            % (len(body), extra) + body)
+
+
+def run(main):
+    return anyio.run(main)
+
+
+def test_a_request_is_one_well_formed_write_and_a_kept_alive_connection_is_used_again():
+    server = Server(lambda request, i: ok())
+
+    async def main():
+        async with server as url:
+            client = Http1Client(url + "/prefix/")
+            first = await client.request("POST", "/a", json={"x": [1, 2], "s": "é"},
+                                         timeout=TIMEOUT)
+            second = await client.request("GET", "/b", params={"mode": "keep", "n": 2},
+                                          timeout=TIMEOUT)
+            await client.aclose()
+            return url, first, second
+
+    url, first, second = run(main)
+    assert first.status_code == 200 and first.json() == {"ok": True} and second.json()
+    assert server.connections == 1 and len(server.requests) == 2
+    head, body = server.requests[0].split(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"POST /prefix/a HTTP/1.1"
+    assert b"Host: " + url.removeprefix("http://").encode() in lines
+    assert b"Content-Type: application/json" in lines and b"Content-Length: %d" % len(body) \
+        in lines
+    assert body == '{"x":[1,2],"s":"é"}'.encode()
+    assert server.requests[1].startswith(b"GET /prefix/b?mode=keep&n=2 HTTP/1.1\r\n")
+
+
+def test_replies_are_read_by_chunks_to_the_end_of_the_connection_and_after_interim_replies():
+    replies = iter([
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"4;ext=1\r\n{\"a\"\r\n5\r\n:[1]}\r\n0\r\nX-Trailer: t\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\n" + ok(b'{"b":2}'),
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+        (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nto the end", "close"),
+    ])
+    server = Server(lambda request, i: next(replies))
+
+    async def main():
+        async with server as url:
+            client = Http1Client(url)
+            got = [await client.request("GET", "/", timeout=TIMEOUT) for _ in range(4)]
+            again = await client.request("GET", "/", timeout=TIMEOUT)  # a new connection
+            await client.aclose()
+            return got, again
+
+    replies = iter([*replies, ok()])
+    got, again = run(main)
+    assert got[0].json() == {"a": [1]} and "transfer-encoding" not in got[0].headers
+    assert got[1].json() == {"b": 2}
+    assert got[2].status_code == 204 and got[2].content == b""
+    assert got[3].text == "to the end"
+    assert again.json() == {"ok": True}
+    assert server.connections == 2  # the reply that ran to the end closed the first one
+
+
+def test_a_connection_the_server_closes_is_not_used_again():
+    server = Server(lambda request, i: ok(extra=b"Connection: close\r\n") if i == 0 else ok())
+
+    async def main():
+        async with server as url:
+            client = Http1Client(url)
+            await client.request("GET", "/", timeout=TIMEOUT)
+            await client.request("GET", "/", timeout=TIMEOUT)
+            await anyio.sleep(0.05)
+            await client.aclose()
+
+    run(main)
+    assert server.connections == 2
+
+
+def test_an_idle_connection_the_server_dropped_is_replaced_without_an_error():
+    server = Server(lambda request, i: ok())
+
+    async def main():
+        async with server as url:
+            client = Http1Client(url)
+            await client.request("GET", "/", timeout=TIMEOUT)
+            (idle,) = client._idle
+            idle.transport.close()  # as if the server closed it while it sat idle
+            await anyio.sleep(0.05)
+            second = await client.request("GET", "/", timeout=TIMEOUT)
+            await client.aclose()
+            return second
+
+    assert run(main).json() == {"ok": True}
+    assert server.connections == 2
+
+
+class CutShort(Server):
+    """Sends its one answer, then closes the connection."""
+
+    def __init__(self, answer: bytes) -> None:
+        super().__init__(lambda request, i: answer)
+
+    async def handle(self, reader, writer) -> None:
+        self.requests.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(self.reply(b"", 0))
+        await writer.drain()
+        writer.close()
+
+
+@pytest.mark.parametrize("server, message", [
+    (Server(lambda request, i: None), "closed the connection without sending a reply"),
+    (CutShort(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"),
+     "closed the connection mid-reply"),
+    (Server(lambda request, i: b"SMTP ready\r\n\r\n"), "not an HTTP/1.1 reply: 'SMTP ready'"),
+    (Server(lambda request, i: b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n"),
+     "malformed Content-Length 'x'"),
+    (CutShort(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"),
+     "malformed chunk size b'zz'"),
+], ids=["no reply", "cut short", "not http", "bad length", "bad chunk"])
+def test_a_broken_reply_is_the_http_error_for_it_and_its_connection_is_dropped(server, message):
+    async def main():
+        async with server as url:
+            client = Http1Client(url)
+            try:
+                with pytest.raises(httpx.RemoteProtocolError, match=message):
+                    await client.request("GET", "/", timeout=TIMEOUT)
+                assert client._idle == []
+            finally:
+                await client.aclose()
+
+    run(main)
+
+
+def test_a_server_that_stalls_is_a_read_timeout_and_its_connection_is_dropped():
+    async def stall(request, i):
+        if i == 0:
+            await anyio.sleep(10)
+        return ok()
+
+    server = Server(stall)
+
+    async def main():
+        async with server as url:
+            client = Http1Client(url)
+            with pytest.raises(httpx.ReadTimeout, match="no reply within 0.2s"):
+                await client.request("GET", "/", timeout=httpx.Timeout(5.0, read=0.2))
+            assert client._idle == []
+            after = await client.request("GET", "/", timeout=TIMEOUT)
+            await client.aclose()
+            return after
+
+    assert run(main).json() == {"ok": True}
+    assert server.connections == 2
+
+
+def test_a_cancelled_request_closes_its_connection_so_no_late_reply_is_read_as_the_next():
+    async def late(request, i):
+        await anyio.sleep(0.3 if i == 0 else 0)
+        return ok(b'{"late":%d}' % i)
+
+    server = Server(late)
+
+    async def main():
+        async with server as url:
+            client = Http1Client(url)
+            with anyio.move_on_after(0.05):
+                await client.request("GET", "/", timeout=TIMEOUT)
+            after = await client.request("GET", "/", timeout=TIMEOUT)
+            await client.aclose()
+            return after
+
+    assert run(main).json() == {"late": 1}
+    assert server.connections == 2
+
+
+def test_a_refused_connection_is_a_connect_error_the_engine_client_retries_then_names():
+    async def main():
+        async with Server(lambda request, i: ok()) as url:
+            pass  # the port is free again: nothing listens there now
+        client = Http1Client(url)
+        with pytest.raises(httpx.ConnectError):
+            await client.request("GET", "/", timeout=TIMEOUT)
+        async with engine_client(url, retries=1, retry_backoff_s=0.0) as engine:
+            assert engine.http._pools.lean is not None  # the lean client serves this URL
+            with pytest.raises(EngineError, match=r"cannot reach the embedded engine at "
+                                                  r".*/stalewise/generate after 2 attempts"):
+                await engine.generate(GenerateRequest([1], SamplingParams()))
+
+    run(main)
+
+
+def test_a_generate_whose_connection_dies_unanswered_is_never_retried():
+    server = Server(lambda request, i: None)
+
+    async def main():
+        async with server as url, engine_client(url, retries=2, retry_backoff_s=0.0) as engine:
+            with pytest.raises(EngineError, match=r"connection to the embedded engine at .* "
+                                                  r"failed mid-request \(RemoteProtocolError"):
+                await engine.generate(GenerateRequest([1], SamplingParams()))
+            assert len(server.requests) == 1
+            with pytest.raises(EngineError, match="failed mid-request"):
+                await engine.metrics()  # idempotent: retried twice first
+            assert len(server.requests) == 1 + 3
+
+    run(main)
+
+
+def test_only_plain_http_urls_without_a_proxy_take_the_lean_client(monkeypatch):
+    assert engine_client("http://127.0.0.1:1").http._pools.lean is not None
+    assert engine_client("https://engine.example:443").http._pools.lean is None
+    monkeypatch.setenv("http_proxy", "http://proxy.example:3128")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    assert engine_client("http://engine.example:8000").http._pools.lean is None
+    with pytest.raises(ValueError, match="speaks plain http://, not https://"):
+        Http1Client("https://engine.example")
+
+
+def test_json_bodies_are_written_as_httpx_writes_them():
+    server = Server(lambda request, i: ok())
+
+    async def main():
+        async with server as url:
+            client = Http1Client(url)
+            with pytest.raises(ValueError, match="Out of range float values"):
+                await client.request("POST", "/", json={"x": float("nan")}, timeout=TIMEOUT)
+            await client.aclose()
+
+    run(main)
+    assert server.requests == []  # nothing was sent

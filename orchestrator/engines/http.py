@@ -41,7 +41,7 @@ from core.engine_api import (
     UpdateMode,
     WeightUpdateReport,
 )
-from orchestrator.engines.http1 import Http1Client
+from orchestrator.engines.http1 import Http1Client, Reply
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ class EngineTransport:
 
     # ---- one request -----------------------------------------------------------------------
     async def send(self, method: str, path: str, *, read_timeout: float, idempotent: bool,
-                   json_body: Any = None, params: dict | None = None) -> httpx.Response:
+                   json_body: Any = None, params: dict | None = None) -> httpx.Response | Reply:
         """The response, whatever its status; retried as the module docstring says."""
         attempt = 0
         while True:
@@ -222,7 +222,7 @@ class EngineTransport:
             raise EngineError(f"the {self.where(path)} sent a reply that is not JSON: "
                               f"{response.text[:200]!r}") from exc
 
-    def raise_for_status(self, response: httpx.Response, path: str,
+    def raise_for_status(self, response: httpx.Response | Reply, path: str,
                          errors: Mapping[int, type[EngineError]] | None = None) -> None:
         if response.status_code >= 400:
             error = (errors or {}).get(response.status_code, EngineError)
@@ -297,7 +297,7 @@ class EngineTransport:
         await anyio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
 
 
-def error_message(response: httpx.Response) -> str:
+def error_message(response: httpx.Response | Reply) -> str:
     """The message of an error reply: OpenAI's `{"error": {"message"}}`, FastAPI's `detail`..."""
     try:
         body = response.json()

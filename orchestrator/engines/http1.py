@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlencode
 
@@ -28,6 +29,33 @@ import httpx
 
 _HEAD_END = b"\r\n\r\n"
 _NO_BODY = frozenset({204, 304})
+
+
+class Reply:
+    """A whole reply, under the names httpx's `Response` gives what the transport reads."""
+
+    __slots__ = ("status_code", "headers", "content")
+
+    def __init__(self, status_code: int, headers: dict[str, str], content: bytes) -> None:
+        self.status_code, self.headers, self.content = status_code, headers, content
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+    @property
+    def text(self) -> str:
+        _, _, charset = self.headers.get("content-type", "").partition("charset=")
+        try:
+            return self.content.decode(charset.split(";")[0].strip() or "utf-8", "replace")
+        except LookupError:  # a charset Python does not know
+            return self.content.decode("utf-8", "replace")
+
+    @property
+    def reason_phrase(self) -> str:
+        try:
+            return HTTPStatus(self.status_code).phrase
+        except ValueError:
+            return ""
 
 
 class _Connection(asyncio.Protocol):
@@ -103,13 +131,14 @@ class Http1Client:
         self._idle: list[_Connection] = []
 
     async def request(self, method: str, path: str, *, json: Any = None,  # noqa: A002
-                      params: dict | None = None, timeout: httpx.Timeout) -> httpx.Response:
+                      params: dict | None = None, timeout: httpx.Timeout) -> Reply:
         """`method path` with `json` as its body; the whole reply. Same keywords as
         `httpx.AsyncClient.request` for the ones the transport uses."""
         path = self.path_prefix + path
         if params:
             path = f"{path}?{urlencode(params)}"
-        head = [f"{method} {path} HTTP/1.1\r\n".encode("latin-1"), self._host_header]
+        head = [f"{method} {path} HTTP/1.1\r\n".encode("latin-1"), self._host_header,
+                b"Accept-Encoding: identity\r\n"]
         body = b""
         if json is not None:
             body = _dumps(json)
@@ -160,7 +189,7 @@ def _dumps(value: Any) -> bytes:
 
 
 async def _read_reply(connection: _Connection, timeout: float | None,
-                      method: str) -> tuple[httpx.Response, bool]:
+                      method: str) -> tuple[Reply, bool]:
     """The next reply on `connection` (informational 1xx replies skipped), and whether the
     connection can carry another request."""
     buffer = connection.buffer
@@ -179,13 +208,12 @@ async def _read_reply(connection: _Connection, timeout: float | None,
         if 100 <= status < 200:
             continue
         break
-    headers = []
+    fields: dict[str, str] = {}
     for line in lines[1:]:
         name, colon, value = line.partition(":")
         if not colon:
             raise httpx.RemoteProtocolError(f"malformed reply header {line[:80]!r}")
-        headers.append((name.strip().lower(), value.strip()))
-    fields = dict(headers)
+        fields[name.strip().lower()] = value.strip()
     tokens = {t.strip().lower() for t in fields.get("connection", "").split(",")}
     keep = "close" not in tokens and (version == "HTTP/1.1" or "keep-alive" in tokens)
     if method == "HEAD" or status in _NO_BODY:
@@ -207,9 +235,8 @@ async def _read_reply(connection: _Connection, timeout: float | None,
             await connection.more(timeout)
         content, keep = bytes(buffer), False
         buffer.clear()
-    # The body is already decoded: httpx must not undo a Content-Encoding or chunking again.
-    headers = [(k, v) for k, v in headers if k not in ("content-encoding", "transfer-encoding")]
-    return httpx.Response(status, headers=headers, content=content), keep
+    fields.pop("transfer-encoding", None)  # the chunks are joined
+    return Reply(status, fields, content), keep
 
 
 def _status_line(line: str) -> tuple[str, int]:

@@ -178,7 +178,9 @@ def _update_during(served: Served, path: Path, *, mode: str, kv: str, max_tokens
 
     The update waits on vLLM's token counter, not on the clock: a fixed sleep let a fast CPU
     finish all 48 tokens of a stream before the update landed (a CI run saw every token of one
-    stream under the old weights). 96 tokens leave the streams far from their end."""
+    stream under the old weights). 96 tokens leave the streams far from their end; the drain
+    test's 24 did not, on a busy CI machine: a stream ended before vLLM counted all four
+    running, and the wait for four never ended."""
     old = served.version
     version = served.next_version(path)
 
@@ -201,6 +203,9 @@ def _update_during(served: Served, path: Path, *, mode: str, kv: str, max_tokens
                     group.start_soon(one, i)
                 with anyio.fail_after(300):   # hang guard
                     while await running_requests(engine) < len(PROMPTS):
+                        done = [i for i, r in enumerate(results) if r is not None]
+                        assert not done, (f"streams {done} finished before all "
+                                          f"{len(PROMPTS)} were seen running: lengthen them")
                         await anyio.sleep(0.02)
                     start = await generated_tokens(engine)
                     assert start >= 0, "vLLM's metrics lack vllm:generation_tokens_total"
@@ -276,11 +281,10 @@ def test_drain_finishes_running_requests_on_the_old_weights_then_serves_the_queu
     new_path = weights["v1"] if old_path == weights["v0"] else weights["v0"]
     late_prompt = PROMPTS[0][:8]
     version, (results, late, report) = _update_during(served, new_path, mode="drain",
-                                                      kv="recompute", max_tokens=24,
-                                                      late_prompt=late_prompt)
+                                                      kv="recompute", late_prompt=late_prompt)
     assert report.mode == "drain"
     for prompt, result in zip(PROMPTS, results):
-        assert len(result.tokens) == 24 and (result.tokens.weights_versions == old).all()
+        assert len(result.tokens) == 96 and (result.tokens.weights_versions == old).all()
         assert diffs(reference, served, prompt, result).max() < MAX_TOL
     assert (late.tokens.weights_versions == version).all()
     assert diffs(reference, served, late_prompt, late).max() < MAX_TOL

@@ -17,7 +17,12 @@ import anyio
 import httpx
 import pytest
 
-from core.engine_api import EngineError, GenerateRequest, SamplingParams
+from core.engine_api import (
+    EngineError,
+    GenerateRequest,
+    SamplingParams,
+    VersionNotResidentError,
+)
 from orchestrator.engines.embedded import engine_client
 from orchestrator.engines.http1 import Http1Client
 
@@ -298,3 +303,27 @@ def test_json_bodies_are_written_as_httpx_writes_them():
 
     run(main)
     assert server.requests == []  # nothing was sent
+
+
+def test_error_replies_read_as_over_httpx():
+    """Status, message and class of an error reply are the ones the transport gives over
+    httpx: the server's own message, or the status's phrase for an empty reply."""
+    replies = iter([
+        b"HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\nContent-Length: 48\r\n\r\n"
+        b'{"error": {"message": "weights version 1 left"}}',
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain; charset=latin-1\r\n"
+        b"Content-Length: 5\r\n\r\nboum\xe9",
+    ])
+    server = Server(lambda request, i: next(replies))
+
+    async def main():
+        async with server as url, engine_client(url, retries=0) as engine:
+            request = GenerateRequest([1], SamplingParams(), weights_version=1)
+            with pytest.raises(VersionNotResidentError, match="weights version 1 left"):
+                await engine.generate(request)
+            for reason in ("answered 503: Service Unavailable", "answered 500: boum\u00e9"):
+                with pytest.raises(EngineError, match=reason):
+                    await engine.generate(request)
+
+    run(main)

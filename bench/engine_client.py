@@ -2,7 +2,7 @@
 
 `bench/orchestrator.py` runs the scripted engine in the orchestrator's process, so its CPU per
 turn holds the fake's work where a real job pays the engine client's: building the request body,
-httpx, and decoding the reply. This bench measures both, side by side in one run, with the same
+the HTTP exchange, and decoding the reply. This bench measures both, side by side in one run, with the same
 conversations in flight on one core:
 
 - `http`: `EmbeddedEngineClient.generate` (the client a job builds for `stalewise engine serve`)

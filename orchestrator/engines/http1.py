@@ -2,8 +2,8 @@
 server, each request in one write, each reply read by its `Content-Length`, its chunks, or to
 the end of the connection.
 
-A model call through httpx costs the orchestrator about 1.2 ms of CPU (its client, httpcore,
-h11 and anyio's streams, per call); this client does the same exchange in about a quarter of that
+A model call through httpx costs the orchestrator about 1.3 ms of CPU (its client, httpcore,
+h11 and anyio's streams, per call); this client does the same exchange in about a third of that
 (`bench/engine_client.py`), and the engine client is most of what a turn costs a real job.
 `orchestrator.engines.http.EngineTransport` sends its plain `http://` requests through it;
 streamed replies, `https://` and proxied URLs stay on httpx.

@@ -1,9 +1,9 @@
 """What a model call costs the orchestrator's CPU with a real engine client, over real HTTP.
 
 `bench/orchestrator.py` runs the scripted engine in the orchestrator's process, so its CPU per
-turn holds the fake's work where a real job pays the engine client's: building the request body,
-the HTTP exchange, and decoding the reply. This bench measures both, side by side in one run, with the same
-conversations in flight on one core:
+turn holds the fake's work where a real job pays the engine client's: building the request
+body, the HTTP exchange, and decoding the reply. This bench measures both, side by side in one
+run, with the same conversations in flight on one core:
 
 - `http`: `EmbeddedEngineClient.generate` (the client a job builds for `stalewise engine serve`)
   against a server in a child process, pinned to another core, that speaks the

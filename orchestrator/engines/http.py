@@ -29,6 +29,7 @@ from typing import Any, ClassVar, get_args
 
 import anyio
 import httpx
+import sniffio
 
 from core.engine_api import (
     EngineError,
@@ -72,9 +73,9 @@ POOL_SIZE = 8
 
 class _Pools:
     """`limit` connections to one server behind one first-come-first-served queue for a free
-    connection. Plain requests to an `http://` server go through the lean client
-    (`orchestrator.engines.http1`); streamed ones, `https://`, a proxied server or an injected
-    `transport` (tests) through httpx clients of at most `POOL_SIZE` connections each, made on
+    connection. Plain requests to an `http://` server on asyncio go through the lean client
+    (`orchestrator.engines.http1`); streamed ones, `https://`, a proxied server, an injected
+    `transport` (tests) or another event loop (trio) through httpx clients of at most `POOL_SIZE` connections each, made on
     first use."""
 
     def __init__(self, base_url: str, limit: int, timeout: httpx.Timeout,
@@ -106,7 +107,8 @@ class _Pools:
                 raise httpx.PoolTimeout(f"all {self.limit} connections stayed busy for "
                                         f"{wait_s:g}s") from None
         try:
-            if self.lean is not None and not streamed:
+            if self.lean is not None and not streamed and \
+                    sniffio.current_async_library() == "asyncio":
                 yield self.lean
                 return
             # The first httpx client with a free connection: at low load every call shares one

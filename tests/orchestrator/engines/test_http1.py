@@ -11,6 +11,8 @@ tests/engine/test_engine_http.py and bench/engine_client.py.
 from __future__ import annotations
 
 import asyncio
+import http.server
+import threading
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -327,3 +329,38 @@ def test_error_replies_read_as_over_httpx():
                     await engine.generate(request)
 
     run(main)
+
+
+def test_on_trio_the_engine_client_goes_through_httpx():
+    """The lean client is asyncio's; under trio the same calls take httpx, with the same
+    replies."""
+    server_replies: list[bytes] = []
+
+    async def main(url: str):
+        async with engine_client(url, retries=0) as engine:
+            return await engine.metrics()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            body = b'{"tokens/generated_total": 2.0}'
+            server_replies.append(body)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert anyio.run(main, url, backend="trio") == {"tokens/generated_total": 2.0}
+        assert anyio.run(main, url) == {"tokens/generated_total": 2.0}
+    finally:
+        server.shutdown()
+    assert len(server_replies) == 2

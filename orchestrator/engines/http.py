@@ -75,8 +75,8 @@ class _Pools:
     """`limit` connections to one server behind one first-come-first-served queue for a free
     connection. Plain requests to an `http://` server on asyncio go through the lean client
     (`orchestrator.engines.http1`); streamed ones, `https://`, a proxied server, an injected
-    `transport` (tests) or another event loop (trio) through httpx clients of at most `POOL_SIZE` connections each, made on
-    first use."""
+    `transport` (tests) or another event loop (trio) through httpx clients of at most
+    `POOL_SIZE` connections each, made on first use."""
 
     def __init__(self, base_url: str, limit: int, timeout: httpx.Timeout,
                  transport: httpx.AsyncBaseTransport | None) -> None:

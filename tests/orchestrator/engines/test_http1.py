@@ -231,8 +231,12 @@ def test_a_server_that_stalls_is_a_read_timeout_and_its_connection_is_dropped():
 
 
 def test_a_cancelled_request_closes_its_connection_so_no_late_reply_is_read_as_the_next():
+    received, release = asyncio.Event(), asyncio.Event()
+
     async def late(request, i):
-        await anyio.sleep(0.3 if i == 0 else 0)
+        if i == 0:  # holds the first request's reply until the client has given up on it
+            received.set()
+            await release.wait()
         return ok(b'{"late":%d}' % i)
 
     server = Server(late)
@@ -240,8 +244,17 @@ def test_a_cancelled_request_closes_its_connection_so_no_late_reply_is_read_as_t
     async def main():
         async with server as url:
             client = Http1Client(url)
-            with anyio.move_on_after(0.05):
-                await client.request("GET", "/", timeout=TIMEOUT)
+            scope = anyio.CancelScope()
+
+            async def first() -> None:
+                with scope:
+                    await client.request("GET", "/", timeout=TIMEOUT)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first)
+                await received.wait()
+                scope.cancel()
+            release.set()  # the late reply goes to a connection the client closed
             after = await client.request("GET", "/", timeout=TIMEOUT)
             await client.aclose()
             return after

@@ -214,9 +214,10 @@ def main() -> None:
     finally:
         server.kill()
         server.wait()
+    growth = args.reply_tokens + args.tool_tokens
     print(f"engine client benchmark: {args.in_flight} conversations in flight, one core, call "
-          f"latency {args.latency_s} s, prompts {args.prompt} + {args.reply_tokens + args.tool_tokens}"
-          f" per turn over {args.turns} turns, {args.reply_tokens}-token replies, "
+          f"latency {args.latency_s} s, prompts {args.prompt} + {growth} per turn over "
+          f"{args.turns} turns, {args.reply_tokens}-token replies, "
           f"{args.connections} connections, median of {args.repeats} windows of "
           f"{args.seconds:g} s")
     floor = statistics.median(r["cpu_ms"] for r in rows["floor"])

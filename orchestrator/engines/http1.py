@@ -105,6 +105,11 @@ class _Connection(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
 
+    async def fill(self, size: int, timeout: float | None) -> None:
+        """Wait until at least `size` bytes are buffered (errors as `more`)."""
+        while len(self.buffer) < size:
+            await self.more(timeout)
+
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
@@ -226,8 +231,7 @@ async def _read_reply(connection: _Connection, timeout: float | None,
         except ValueError:
             raise httpx.RemoteProtocolError(
                 f"malformed Content-Length {fields['content-length']!r}") from None
-        while len(buffer) < length:
-            await connection.more(timeout)
+        await connection.fill(length, timeout)
         content = bytes(buffer[:length])
         del buffer[:length]
     else:  # the body runs to the end of the connection
@@ -268,7 +272,6 @@ async def _read_chunks(connection: _Connection, timeout: float | None) -> bytes:
                     del buffer[:end + 2]
             del buffer[:2]
             return b"".join(parts)
-        while len(buffer) < size + 2:
-            await connection.more(timeout)
+        await connection.fill(size + 2, timeout)
         parts.append(bytes(buffer[:size]))
         del buffer[:size + 2]

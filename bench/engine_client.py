@@ -8,6 +8,10 @@ run, with the same conversations in flight on one core:
 - `http`: `EmbeddedEngineClient.generate` (the client a job builds for `stalewise engine serve`)
   against a server in a child process, pinned to another core, that speaks the
   `/stalewise/generate` wire format and answers after the call's latency with a canned reply;
+- `vllm`: `VllmEngineClient.generate` (the client a job builds for `vllm serve`) against the
+  same server's `/v1/completions`, which streams the reply as vLLM does: one server-sent event
+  per token with its log-prob, then a usage event and `[DONE]`, the events sent in
+  `--stream-writes` writes spread over the call's latency (a decoding engine's pace);
 - `scripted`: the in-process `ScriptedEngine` that `bench/orchestrator.py` uses;
 - `floor`: an engine that only sleeps the latency and returns a prepared result: what the
   conversations themselves cost (growing the prompt, counting).
@@ -20,10 +24,10 @@ second, the client process's CPU ms per call, and that minus the floor, which is
 side of a turn costs the orchestrator. For `http`, also the server's CPU ms per call (its own
 core; not the orchestrator's). The client keeps at most `--connections` requests open, as a
 job's engine client does (256), so with more conversations than that the rest wait in its pool
-and `http` makes fewer calls per second than the others.
+and `http` and `vllm` make fewer calls per second than the others.
 
     .venv/bin/python bench/engine_client.py [--in-flight 1000] [--latency-s 0.4]
-        [--connections 256] [--seconds 10] [--repeats 3]
+        [--connections 256] [--seconds 10] [--repeats 3] [--engines floor,scripted,http,vllm]
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
@@ -43,6 +48,7 @@ import socket  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
+from typing import AsyncIterator  # noqa: E402
 
 import anyio  # noqa: E402
 import numpy as np  # noqa: E402
@@ -78,7 +84,7 @@ def serve(fd: int, args: argparse.Namespace) -> None:
     import uvicorn
     from starlette.applications import Starlette
     from starlette.requests import ClientDisconnect, Request
-    from starlette.responses import JSONResponse, Response
+    from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     result = GenerateResult(tokens=reply_tokens(args.reply_tokens), finish_reason="stop",
@@ -98,11 +104,66 @@ def serve(fd: int, args: argparse.Namespace) -> None:
     async def info(request: Request) -> JSONResponse:
         return JSONResponse({"model": "bench"})
 
+    events = completion_events(result.tokens)
+    usage_and_done = completion_event(events[-1]) + b"data: [DONE]\n\n"
+    token_events = [completion_event(event) for event in events[:-1]]
+    writes = max(1, min(args.stream_writes, len(token_events)))
+    bounds = [len(token_events) * i // writes for i in range(writes + 1)]
+    groups = [b"".join(token_events[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+    async def completions(request: Request) -> Response:
+        try:
+            await request.json()
+        except ClientDisconnect:
+            return Response(status_code=499)
+        pause = args.latency_s * math.exp(draws.gauss(0.0, 0.3)) / writes
+
+        async def stream() -> AsyncIterator[bytes]:
+            for group in groups:
+                await anyio.sleep(pause)
+                yield group
+            yield usage_and_done
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": "bench", "max_model_len": 4096}]})
+
     app = Starlette(routes=[Route(GENERATE_ROUTE, generate, methods=["POST"]),
-                            Route(INFO_ROUTE, info, methods=["GET"])])
+                            Route(INFO_ROUTE, info, methods=["GET"]),
+                            Route("/v1/completions", completions, methods=["POST"]),
+                            Route("/v1/models", models, methods=["GET"])])
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                            backlog=4096, timeout_keep_alive=60))
     server.run(sockets=[socket.socket(fileno=fd)])
+
+
+def completion_events(tokens: SampledTokens) -> list[dict]:
+    """vLLM's streamed `/v1/completions` chunks for `tokens` (`return_tokens_as_token_ids`,
+    `logprobs` 0), then the usage chunk `stream_options.include_usage` adds."""
+    events = []
+    for i, (token, logprob) in enumerate(zip(tokens.token_ids.tolist(),
+                                             tokens.sampler_logprobs.tolist())):
+        label = f"token_id:{token}"
+        events.append({
+            "id": "cmpl-bench", "object": "text_completion", "created": 1780000000,
+            "model": "bench", "choices": [{
+                "index": 0, "text": f"t{token}",
+                "logprobs": {"text_offset": [i], "token_logprobs": [logprob],
+                             "tokens": [label], "top_logprobs": [{label: logprob}]},
+                "finish_reason": "stop" if i == len(tokens) - 1 else None,
+                "stop_reason": None}],
+            "usage": None})
+    events.append({"id": "cmpl-bench", "object": "text_completion", "created": 1780000000,
+                   "model": "bench", "choices": [],
+                   "usage": {"prompt_tokens": 0, "total_tokens": len(tokens),
+                             "completion_tokens": len(tokens),
+                             "prompt_tokens_details": {"cached_tokens": 0}}})
+    return events
+
+
+def completion_event(event: dict) -> bytes:
+    return b"data: " + json.dumps(event, separators=(", ", ": ")).encode() + b"\n\n"
 
 
 # ---- the client side ---------------------------------------------------------------------------
@@ -163,10 +224,13 @@ def child_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def http_window(base_url: str, server_pid: int, args: argparse.Namespace) -> dict:
-    async with engine_client(base_url, kind="embedded",
-                             max_connections=args.connections) as client:
+async def http_window(base_url: str, server_pid: int, args: argparse.Namespace,
+                      kind: str) -> dict:
+    async with engine_client(base_url, kind=kind, max_connections=args.connections) as client:
         return await window(client, args, server_pid)
+
+
+ENGINES = ("floor", "scripted", "http", "vllm")
 
 
 def main() -> None:
@@ -184,6 +248,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="measurement window")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
     parser.add_argument("--repeats", type=int, default=3, help="windows per contender")
+    parser.add_argument("--stream-writes", type=int, default=8,
+                        help="writes the vllm server spreads a reply's events over")
+    parser.add_argument("--engines", default=",".join(ENGINES),
+                        help="the contenders, comma-separated (floor is always measured)")
     parser.add_argument("--serve-fd", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -195,22 +263,35 @@ def main() -> None:
     listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve-fd", str(listener.fileno()),
-         "--latency-s", str(args.latency_s), "--reply-tokens", str(args.reply_tokens)],
+         "--latency-s", str(args.latency_s), "--reply-tokens", str(args.reply_tokens),
+         "--stream-writes", str(args.stream_writes)],
         pass_fds=[listener.fileno()])
     if cpus:
         os.sched_setaffinity(0, {cpus[0]})
     base_url = f"http://127.0.0.1:{listener.getsockname()[1]}"
     tokens = reply_tokens(args.reply_tokens)
     scripted_turn = ScriptedTurn(tuple(int(t) for t in tokens.token_ids), finish_reason="stop")
+    engines = ["floor"] + [e for e in dict.fromkeys(args.engines.split(",")) if e != "floor"]
+    unknown = set(engines) - set(ENGINES)
+    if unknown:
+        parser.error(f"--engines: unknown {', '.join(sorted(unknown))} "
+                     f"(choose from {', '.join(ENGINES)})")
     try:
-        rows: dict[str, list[dict]] = {"floor": [], "scripted": [], "http": []}
+        rows: dict[str, list[dict]] = {engine: [] for engine in engines}
         for _ in range(args.repeats):
-            rows["floor"].append(anyio.run(window, FloorEngine(args.latency_s, tokens), args))
-            scripted = ScriptedEngine(lambda key, index: scripted_turn, keep_requests=False,
-                                      latency=LatencyModel(fixed_s=args.latency_s,
-                                                           jitter_sigma=0.3))
-            rows["scripted"].append(anyio.run(window, scripted, args))
-            rows["http"].append(anyio.run(http_window, base_url, server.pid, args))
+            for engine in engines:
+                if engine == "floor":
+                    run = anyio.run(window, FloorEngine(args.latency_s, tokens), args)
+                elif engine == "scripted":
+                    scripted = ScriptedEngine(lambda key, index: scripted_turn,
+                                              keep_requests=False,
+                                              latency=LatencyModel(fixed_s=args.latency_s,
+                                                                   jitter_sigma=0.3))
+                    run = anyio.run(window, scripted, args)
+                else:
+                    kind = "embedded" if engine == "http" else "vllm"
+                    run = anyio.run(http_window, base_url, server.pid, args, kind)
+                rows[engine].append(run)
     finally:
         server.kill()
         server.wait()
@@ -227,7 +308,7 @@ def main() -> None:
         cpu = statistics.median(r["cpu_ms"] for r in runs)
         spread = " / ".join(f"{r['cpu_ms']:.3f}" for r in runs)
         server_ms = (f"{statistics.median(r['server_cpu_ms'] for r in runs):.3f}"
-                     if name == "http" else "-")
+                     if name in ("http", "vllm") else "-")
         print(f"  {name:>8}  {statistics.median(r['calls_per_s'] for r in runs):>8,.0f}  "
               f"{cpu:>11.3f}  {cpu - floor:>10.3f}  {spread:>24}  {server_ms:>18}")
 

@@ -28,7 +28,7 @@ CASES = {
                      "CPU ms per turn", ()),
     "engine_client": (["--in-flight", "20", "--connections", "8", "--seconds", "1",
                        "--warmup", "0.5", "--repeats", "1"],
-                      ("engine client benchmark", "      http  "), ()),
+                      ("engine client benchmark", "      http  ", "      vllm  "), ()),
     "agent_loop": (["--formats", "hermes", "--suites", "arith", "--concurrency", "10",
                     "--trajectories", "10"], "hermes    arith", ()),
     "mcp_calls": (["--calls", "3"], "then median", ()),

@@ -73,9 +73,9 @@ POOL_SIZE = 8
 
 class _Pools:
     """`limit` connections to one server behind one first-come-first-served queue for a free
-    connection. Plain requests to an `http://` server on asyncio go through the lean client
-    (`orchestrator.engines.http1`); streamed ones, `https://`, a proxied server, an injected
-    `transport` (tests) or another event loop (trio) through httpx clients of at most
+    connection. Requests to an `http://` server on asyncio go through the lean client
+    (`orchestrator.engines.http1`); to `https://` or a proxied server, through an injected
+    `transport` (tests) or on another event loop (trio), through httpx clients of at most
     `POOL_SIZE` connections each, made on first use."""
 
     def __init__(self, base_url: str, limit: int, timeout: httpx.Timeout,
@@ -93,10 +93,9 @@ class _Pools:
         self._slots = anyio.Semaphore(limit)
 
     @asynccontextmanager
-    async def connection(self, wait_s: float, *, streamed: bool = False
-                         ) -> AsyncIterator[Http1Client | httpx.AsyncClient]:
+    async def connection(self, wait_s: float) -> AsyncIterator[Http1Client | httpx.AsyncClient]:
         """A client with a connection free for one request, held until the block ends (the lean
-        one unless `streamed` or there is none); waits at most `wait_s` for a connection (then
+        one where it can serve); waits at most `wait_s` for a connection (then
         `httpx.PoolTimeout`: the request was not sent)."""
         try:
             self._slots.acquire_nowait()
@@ -107,8 +106,7 @@ class _Pools:
                 raise httpx.PoolTimeout(f"all {self.limit} connections stayed busy for "
                                         f"{wait_s:g}s") from None
         try:
-            if self.lean is not None and not streamed and \
-                    sniffio.current_async_library() == "asyncio":
+            if self.lean is not None and sniffio.current_async_library() == "asyncio":
                 yield self.lean
                 return
             # The first httpx client with a free connection: at low load every call shares one
@@ -254,7 +252,7 @@ class EngineTransport:
                            errors: Mapping[int, type[EngineError]] | None) -> None:
         read = self.timeouts.generate
         try:
-            async with self._pools.connection(self.timeouts.pool, streamed=True) as http, \
+            async with self._pools.connection(self.timeouts.pool) as http, \
                     http.stream(
                     "POST", path, json=json_body, timeout=self.timeout(read)) as response:
                 if response.status_code >= 400:

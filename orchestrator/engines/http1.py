@@ -1,12 +1,12 @@
-"""A lean HTTP/1.1 client for an engine's request/reply routes: kept-alive connections to one
-server, each request in one write, each reply read by its `Content-Length`, its chunks, or to
-the end of the connection.
+"""A lean HTTP/1.1 client for an engine's routes: kept-alive connections to one server, each
+request in one write, each reply read by its `Content-Length`, its chunks, or to the end of the
+connection, whole (`request`) or as it arrives (`stream`: vLLM's server-sent events).
 
 A model call through httpx costs the orchestrator about 1.3 ms of CPU (its client, httpcore,
-h11 and anyio's streams, per call); this client does the same exchange in about a third of that
-(`bench/engine_client.py`), and the engine client is most of what a turn costs a real job.
-`orchestrator.engines.http.EngineTransport` sends its plain `http://` requests through it;
-streamed replies, `https://` and proxied URLs stay on httpx.
+h11 and anyio's streams, per call), and a streamed vLLM completion 2.5 ms; this client does the
+same exchanges in a fraction of that (`bench/engine_client.py`), and the engine client is most
+of what a turn costs a real job. `orchestrator.engines.http.EngineTransport` sends its plain
+`http://` requests through it; `https://` and proxied URLs stay on httpx.
 
 Failures are httpx's exception classes, so the transport's failure policy reads both clients
 alike: `ConnectError`/`ConnectTimeout` (the request never left), `ReadTimeout` (no reply in
@@ -21,14 +21,19 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from contextlib import asynccontextmanager
 from http import HTTPStatus
-from typing import Any
+from typing import Any, AsyncIterator
 from urllib.parse import urlencode
 
 import httpx
 
 _HEAD_END = b"\r\n\r\n"
 _NO_BODY = frozenset({204, 304})
+# How long a stream left before its end (vLLM's `[DONE]` comes just before the end of its body)
+# may take to end, so that its connection can carry another request; past it the connection is
+# closed instead.
+FINISH_S = 1.0
 
 
 class Reply:
@@ -56,6 +61,32 @@ class Reply:
             return HTTPStatus(self.status_code).phrase
         except ValueError:
             return ""
+
+
+class StreamedReply(Reply):
+    """A reply whose body is read as it arrives (`aiter_lines`), or whole (`aread`), as with
+    httpx's streamed `Response`."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, status_code: int, headers: dict[str, str], body: _Body) -> None:
+        super().__init__(status_code, headers, b"")
+        self.body = body
+
+    async def aread(self) -> bytes:
+        self.content = await self.body.read_all()
+        return self.content
+
+    async def aiter_lines(self) -> AsyncIterator[str]:
+        """The body's lines as they arrive, without their line ends (UTF-8)."""
+        pending = b""
+        while piece := await self.body.piece():
+            lines = (pending + piece).split(b"\n")
+            pending = lines.pop()
+            for line in lines:
+                yield line.rstrip(b"\r").decode("utf-8", "replace")
+        if pending:
+            yield pending.rstrip(b"\r").decode("utf-8", "replace")
 
 
 class _Connection(asyncio.Protocol):
@@ -116,6 +147,103 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+class _Body:
+    """The body of one reply, read from its connection as it arrives: `length` bytes, chunks
+    (`chunked`), or up to the end of the connection (neither)."""
+
+    __slots__ = ("connection", "timeout", "chunked", "to_end", "left", "done")
+
+    def __init__(self, connection: _Connection, timeout: float | None, *, length: int | None,
+                 chunked: bool) -> None:
+        self.connection, self.timeout, self.chunked = connection, timeout, chunked
+        self.to_end = length is None and not chunked
+        self.left = length or 0  # bytes left in the body, or in the chunk being read
+        self.done = not chunked and length == 0
+
+    async def piece(self) -> bytes:
+        """The body's next bytes, as many as have arrived (at least one); b"" at its end."""
+        if self.done:
+            return b""
+        connection, buffer = self.connection, self.connection.buffer
+        if self.to_end:
+            while not buffer and not connection.closed:
+                await connection.more(self.timeout)
+            piece = bytes(buffer)
+            buffer.clear()
+            self.done = not piece
+            return piece
+        if self.chunked and not self.left:
+            self.left = await self._chunk_size()
+            if not self.left:
+                await self._trailers()
+                self.done = True
+                return b""
+        while not buffer:
+            await connection.more(self.timeout)
+        piece = bytes(buffer[:self.left])
+        del buffer[:len(piece)]
+        self.left -= len(piece)
+        if not self.left:
+            if self.chunked:  # the chunk's own line end
+                await connection.fill(2, self.timeout)
+                del buffer[:2]
+            else:
+                self.done = True
+        return piece
+
+    async def read_all(self) -> bytes:
+        """The rest of the body."""
+        if not self.chunked and not self.to_end and not self.done:
+            await self.connection.fill(self.left, self.timeout)
+            buffer = self.connection.buffer
+            content = bytes(buffer[:self.left])
+            del buffer[:self.left]
+            self.left, self.done = 0, True
+            return content
+        parts = []
+        while piece := await self.piece():
+            parts.append(piece)
+        return b"".join(parts)
+
+    async def finish(self, wait_s: float) -> bool:
+        """Read the rest of the body for at most `wait_s` seconds, dropping it; whether it
+        ended in time (and the connection can carry another request)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        self.timeout = wait_s
+        try:
+            while await self.piece():
+                if loop.time() > deadline:
+                    return False
+        except httpx.HTTPError:
+            return False
+        return True
+
+    async def _chunk_size(self) -> int:
+        connection, buffer = self.connection, self.connection.buffer
+        end = buffer.find(b"\r\n")
+        while end < 0:
+            await connection.more(self.timeout)
+            end = buffer.find(b"\r\n")
+        size_text = bytes(buffer[:end]).split(b";", 1)[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise httpx.RemoteProtocolError(f"malformed chunk size {size_text[:20]!r}") from None
+        del buffer[:end + 2]
+        return size
+
+    async def _trailers(self) -> None:
+        """Skip the trailer fields after the last chunk, up to the empty line that ends them."""
+        connection, buffer = self.connection, self.connection.buffer
+        while (end := buffer.find(b"\r\n")) != 0:
+            if end < 0:
+                await connection.more(self.timeout)
+            else:
+                del buffer[:end + 2]
+        del buffer[:2]
+
+
 def _expire(waiter: asyncio.Future[None], timeout: float) -> None:
     if not waiter.done():
         waiter.set_exception(httpx.ReadTimeout(f"no reply within {timeout:g}s"))
@@ -139,6 +267,41 @@ class Http1Client:
                       params: dict | None = None, timeout: httpx.Timeout) -> Reply:
         """`method path` with `json` as its body; the whole reply. Same keywords as
         `httpx.AsyncClient.request` for the ones the transport uses."""
+        message = self._message(method, path, json, params)
+        connection = await self._connection(timeout.connect)
+        try:
+            assert connection.transport is not None
+            connection.transport.write(message)
+            reply, keep = await _read_head(connection, timeout.read, method)
+            reply.content = await reply.body.read_all()
+        except BaseException:
+            connection.close()
+            raise
+        self._done_with(connection, keep)
+        return Reply(reply.status_code, reply.headers, reply.content)
+
+    @asynccontextmanager
+    async def stream(self, method: str, path: str, *, json: Any = None,  # noqa: A002
+                     timeout: httpx.Timeout) -> AsyncIterator[StreamedReply]:
+        """`method path` with `json` as its body; the reply with its body unread, for the
+        block. `timeout.read` bounds each wait for more of it. A block that leaves the body
+        unread waits up to `FINISH_S` for its end, then the connection is closed."""
+        message = self._message(method, path, json, None)
+        connection = await self._connection(timeout.connect)
+        try:
+            assert connection.transport is not None
+            connection.transport.write(message)
+            reply, keep = await _read_head(connection, timeout.read, method)
+            yield reply
+            if not reply.body.done:
+                keep = await reply.body.finish(FINISH_S) and keep
+        except BaseException:
+            connection.close()
+            raise
+        self._done_with(connection, keep)
+
+    def _message(self, method: str, path: str, json: Any,  # noqa: A002
+                 params: dict | None) -> bytes:
         path = self.path_prefix + path
         if params:
             path = f"{path}?{urlencode(params)}"
@@ -151,19 +314,7 @@ class Http1Client:
         if body or method in ("POST", "PUT", "PATCH"):
             head.append(b"Content-Length: %d\r\n" % len(body))
         head.append(b"\r\n")
-        connection = await self._connection(timeout.connect)
-        try:
-            assert connection.transport is not None
-            connection.transport.write(b"".join(head) + body)
-            response, keep = await _read_reply(connection, timeout.read, method)
-        except BaseException:
-            connection.close()
-            raise
-        if keep and not connection.closed:
-            self._idle.append(connection)
-        else:
-            connection.close()
-        return response
+        return b"".join(head) + body
 
     async def _connection(self, timeout: float | None) -> _Connection:
         while self._idle:
@@ -182,6 +333,13 @@ class Http1Client:
             raise httpx.ConnectError(f"{type(exc).__name__}: {exc}") from exc
         return connection
 
+    def _done_with(self, connection: _Connection, keep: bool) -> None:
+        """Keep `connection` for another request, or close it."""
+        if keep and not connection.closed:
+            self._idle.append(connection)
+        else:
+            connection.close()
+
     async def aclose(self) -> None:
         while self._idle:
             self._idle.pop().close()
@@ -193,10 +351,10 @@ def _dumps(value: Any) -> bytes:
                       allow_nan=False).encode("utf-8")
 
 
-async def _read_reply(connection: _Connection, timeout: float | None,
-                      method: str) -> tuple[Reply, bool]:
-    """The next reply on `connection` (informational 1xx replies skipped), and whether the
-    connection can carry another request."""
+async def _read_head(connection: _Connection, timeout: float | None,
+                     method: str) -> tuple[StreamedReply, bool]:
+    """The next reply's status and header fields on `connection` (informational 1xx replies
+    skipped), its body unread, and whether the connection can carry another request."""
     buffer = connection.buffer
     while True:
         end = buffer.find(_HEAD_END)
@@ -221,26 +379,19 @@ async def _read_reply(connection: _Connection, timeout: float | None,
         fields[name.strip().lower()] = value.strip()
     tokens = {t.strip().lower() for t in fields.get("connection", "").split(",")}
     keep = "close" not in tokens and (version == "HTTP/1.1" or "keep-alive" in tokens)
+    chunked = "chunked" in fields.pop("transfer-encoding", "").lower()  # the chunks are joined
+    length: int | None = None
     if method == "HEAD" or status in _NO_BODY:
-        content = b""
-    elif "chunked" in fields.get("transfer-encoding", "").lower():
-        content = await _read_chunks(connection, timeout)
-    elif "content-length" in fields:
-        try:
-            length = int(fields["content-length"])
-        except ValueError:
-            raise httpx.RemoteProtocolError(
-                f"malformed Content-Length {fields['content-length']!r}") from None
-        await connection.fill(length, timeout)
-        content = bytes(buffer[:length])
-        del buffer[:length]
-    else:  # the body runs to the end of the connection
-        while not connection.closed:
-            await connection.more(timeout)
-        content, keep = bytes(buffer), False
-        buffer.clear()
-    fields.pop("transfer-encoding", None)  # the chunks are joined
-    return Reply(status, fields, content), keep
+        length, chunked = 0, False
+    elif not chunked and "content-length" in fields:
+        text = fields["content-length"]
+        if not text.isdigit():
+            raise httpx.RemoteProtocolError(f"malformed Content-Length {text!r}")
+        length = int(text)
+    elif not chunked:  # the body runs to the end of the connection
+        keep = False
+    body = _Body(connection, timeout, length=length, chunked=chunked)
+    return StreamedReply(status, fields, body), keep
 
 
 def _status_line(line: str) -> tuple[str, int]:
@@ -249,29 +400,3 @@ def _status_line(line: str) -> tuple[str, int]:
     if not version.startswith("HTTP/1.") or not code.isdigit():
         raise httpx.RemoteProtocolError(f"not an HTTP/1.1 reply: {line[:80]!r}")
     return version, int(code)
-
-
-async def _read_chunks(connection: _Connection, timeout: float | None) -> bytes:
-    buffer, parts = connection.buffer, []
-    while True:
-        end = buffer.find(b"\r\n")
-        while end < 0:
-            await connection.more(timeout)
-            end = buffer.find(b"\r\n")
-        size_text = bytes(buffer[:end]).split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise httpx.RemoteProtocolError(f"malformed chunk size {size_text[:20]!r}") from None
-        del buffer[:end + 2]
-        if size == 0:  # trailers, if any, end with an empty line
-            while (end := buffer.find(b"\r\n")) != 0:
-                if end < 0:
-                    await connection.more(timeout)
-                else:
-                    del buffer[:end + 2]
-            del buffer[:2]
-            return b"".join(parts)
-        await connection.fill(size + 2, timeout)
-        parts.append(bytes(buffer[:size]))
-        del buffer[:size + 2]

@@ -1,10 +1,11 @@
 """The lean HTTP/1.1 client against real TCP servers on loopback that answer with exact bytes.
 
 Contracts: a request is one well-formed write (path prefix, query, Host, compact JSON body);
-a reply is read by Content-Length, by chunks, or to the end of the connection; a connection is
-used again only after a whole reply that keeps it alive; a server that closes, stalls, refuses
-or answers garbage is httpx's error class for it, and the engine client's policy turns those
-into the same `EngineError`s as over httpx. Real servers (uvicorn) are in
+a reply is read by Content-Length, by chunks, or to the end of the connection, whole or as it
+arrives (vLLM's streamed completions); a connection is used again only after a whole reply
+that keeps it alive; a server that closes, stalls, refuses or answers garbage is httpx's error
+class for it, and the engine client's policy turns those into the same `EngineError`s as over
+httpx. Real servers (uvicorn) are in
 tests/engine/test_engine_http.py and bench/engine_client.py.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import json
 import threading
 from collections.abc import Awaitable, Callable
 
@@ -26,6 +28,7 @@ from core.engine_api import (
     VersionNotResidentError,
 )
 from orchestrator.engines.embedded import engine_client
+from orchestrator.engines import http1
 from orchestrator.engines.http1 import Http1Client
 
 TIMEOUT = httpx.Timeout(5.0)
@@ -34,7 +37,8 @@ TIMEOUT = httpx.Timeout(5.0)
 class Server:
     """A loopback TCP server: `reply(request_bytes, connection_index)` gives what to send back
     for each request (None: close the connection instead; `(bytes, "close")`: send, then
-    close); counts connections and requests."""
+    close; an async function of the connection's reader and writer: it answers, and returns
+    whether to keep the connection); counts connections and requests."""
 
     def __init__(self, reply: Callable[[bytes, int], Awaitable[bytes | None] | bytes | None]
                  ) -> None:
@@ -57,6 +61,10 @@ class Server:
                     answer = await answer
                 if answer is None:
                     break
+                if callable(answer):
+                    if not await answer(reader, writer):
+                        break
+                    continue
                 closing = isinstance(answer, tuple)  # (bytes, "close"): send, then close
                 writer.write(answer[0] if closing else answer)
                 await writer.drain()
@@ -377,3 +385,218 @@ def test_on_trio_the_engine_client_goes_through_httpx():
     finally:
         server.shutdown()
     assert len(server_replies) == 2
+
+
+# ---- streamed replies (vLLM's server-sent events) ----------------------------------------------
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n")
+
+
+def test_a_streamed_reply_is_read_as_it_arrives_and_its_connection_used_again():
+    """Lines come out as their bytes arrive (the second part is only sent once the client has
+    read the first line), whatever the chunks' bounds, and a stream read to its end leaves its
+    connection kept alive."""
+    first_read = asyncio.Event()
+
+    async def events(reader, writer) -> bool:
+        writer.write(STREAM_HEAD + chunk(b'data: {"i": 0}\r\n\r\ndata: {"i"'))
+        await writer.drain()
+        await first_read.wait()
+        writer.write(chunk(b': 1}\n\n') + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    server = Server(lambda request, i: events if b"/v1/completions" in request else ok())
+
+    async def main():
+        async with server as url:
+            client = Http1Client(url)
+            lines = []
+            async with client.stream("POST", "/v1/completions", json={"stream": True},
+                                     timeout=TIMEOUT) as reply:
+                assert reply.status_code == 200
+                assert reply.headers["content-type"] == "text/event-stream"
+                async for line in reply.aiter_lines():
+                    lines.append(line)
+                    first_read.set()
+            after = await client.request("GET", "/health", timeout=TIMEOUT)
+            await client.aclose()
+            return lines, after
+
+    lines, after = run(main)
+    assert lines == ['data: {"i": 0}', "", 'data: {"i": 1}', "", "data: [DONE]", ""]
+    assert after.json() == {"ok": True}
+    assert server.connections == 1
+
+
+@pytest.mark.parametrize("framing", ["length", "to the end"])
+def test_a_streamed_reply_without_chunks_is_read_by_its_length_or_to_the_end(framing):
+    lines = b"data: 1\r\n\r\ndata: 2\n\nlast"
+    length = b"Content-Length: %d\r\n" % len(lines) if framing == "length" else b""
+
+    async def send(reader, writer) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\n%s\r\n" % length + lines[:9])
+        await writer.drain()
+        await anyio.sleep(0.05)
+        writer.write(lines[9:])
+        await writer.drain()
+        return framing == "length"
+
+    server = Server(lambda request, i: send)
+
+    async def main():
+        async with server as url:
+            client = Http1Client(url)
+            async with client.stream("GET", "/", timeout=TIMEOUT) as reply:
+                got = [line async for line in reply.aiter_lines()]
+            kept = len(client._idle)
+            await client.aclose()
+            return got, kept
+
+    got, kept = run(main)
+    assert got == ["data: 1", "", "data: 2", "", "last"]
+    assert kept == (1 if framing == "length" else 0)
+
+
+def test_a_stream_left_before_its_end_keeps_its_connection_only_if_the_end_comes_soon(
+        monkeypatch):
+    """vLLM sends `[DONE]`, then ends the body: the client stops reading at `[DONE]`, and the
+    connection carries the next request once the end has come. A server that leaves the body
+    open past `FINISH_S` has its connection closed instead."""
+    monkeypatch.setattr(http1, "FINISH_S", 0.2)
+    ended = asyncio.Event()
+
+    def events(then_end: bool):
+        async def send(reader, writer) -> bool:
+            writer.write(STREAM_HEAD + chunk(b"data: [DONE]\n\n"))
+            await writer.drain()
+            if not then_end:  # holds the body open until the client gives the connection up
+                assert await reader.read() == b""
+                ended.set()
+                return False
+            await anyio.sleep(0.05)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            return True
+        return send
+
+    plan = iter([events(then_end=True), ok(), events(then_end=False), ok()])
+    server = Server(lambda request, i: next(plan))
+
+    async def main():
+        async with server as url:
+            client = Http1Client(url)
+            seen = []
+            for _ in range(2):
+                async with client.stream("POST", "/", timeout=TIMEOUT) as reply:
+                    async for line in reply.aiter_lines():
+                        if line == "data: [DONE]":
+                            break
+                seen.append(server.connections)
+                await client.request("GET", "/", timeout=TIMEOUT)
+                seen.append(server.connections)
+            with anyio.fail_after(10):
+                await ended.wait()
+            await client.aclose()
+            return seen
+
+    assert run(main) == [1, 1, 1, 2]
+
+
+def test_cancelling_a_stream_closes_its_connection_which_is_how_vllm_aborts():
+    closed = asyncio.Event()
+
+    async def endless(reader, writer) -> bool:
+        writer.write(STREAM_HEAD + chunk(b"data: {}\n\n"))
+        await writer.drain()
+        assert await reader.read() == b""  # the client closed its side
+        closed.set()
+        return False
+
+    server = Server(lambda request, i: endless)
+
+    async def main():
+        async with server as url:
+            client = Http1Client(url)
+            with anyio.CancelScope() as scope:
+                async with client.stream("POST", "/", timeout=TIMEOUT) as reply:
+                    async for _ in reply.aiter_lines():
+                        scope.cancel()
+            with anyio.fail_after(10):
+                await closed.wait()
+            assert client._idle == []
+
+    run(main)
+
+
+def test_the_vllm_client_streams_a_completion_through_the_lean_client():
+    """A real `/v1/completions` stream over loopback: tokens, log-probs, top-k, usage and the
+    finish reason as vLLM sends them, one kept-alive connection for the model card and two
+    calls; a 400 is the server's own message; a stream cut short is a broken stream, not
+    retried."""
+    sse = [
+        {"choices": [{"index": 0, "text": "a", "logprobs": {
+            "tokens": ["token_id:7"], "token_logprobs": [-0.25],
+            "top_logprobs": [{"token_id:7": -0.25, "token_id:3": -9999.0}]},
+            "finish_reason": None}], "usage": None},
+        {"choices": [{"index": 0, "text": "b", "logprobs": {
+            "tokens": ["token_id:8"], "token_logprobs": [-1.5],
+            "top_logprobs": [{"token_id:8": -1.5}]}, "finish_reason": "length"}],
+         "usage": None},
+        {"choices": [], "usage": {"prompt_tokens": 2, "prompt_tokens_details": {
+            "cached_tokens": 1}}}]
+    body = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n" for event in sse)
+
+    async def stream(reader, writer) -> bool:
+        writer.write(STREAM_HEAD)
+        for part in (body[:70], body[70:], b"data: [DONE]\n\n"):
+            writer.write(chunk(part))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        return True
+
+    async def cut_short(reader, writer) -> bool:
+        writer.write(STREAM_HEAD + chunk(body[:70]))
+        await writer.drain()
+        return False
+
+    def reply(request: bytes, i: int):
+        if b"/v1/models" in request:
+            return ok(b'{"data": [{"id": "tiny", "max_model_len": 64}]}')
+        prompt = json.loads(request.split(b"\r\n\r\n", 1)[1])["prompt"]
+        if prompt == [400]:
+            message = b'{"error": {"message": "prompt too long"}}'
+            return (b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(message), message))
+        return cut_short if prompt == [0] else stream
+
+    server = Server(reply)
+
+    async def main():
+        async with server as url, engine_client(url, kind="vllm", retries=2,
+                                                initial_version=6) as engine:
+            assert engine.http._pools.lean is not None
+            request = GenerateRequest([1, 2], SamplingParams(max_tokens=2, logprobs_topk=2))
+            results = [await engine.generate(request) for _ in range(2)]
+            assert server.connections == 1
+            with pytest.raises(EngineError, match="answered 400: prompt too long"):
+                await engine.generate(GenerateRequest([400], SamplingParams()))
+            before = len(server.requests)
+            with pytest.raises(EngineError, match=r"stream from the vllm engine at .* broke "
+                                                  r"\(RemoteProtocolError"):
+                await engine.generate(GenerateRequest([0], SamplingParams()))
+            assert len(server.requests) == before + 1  # not retried
+            return results
+
+    for result in run(main):
+        tokens = result.tokens
+        assert tokens.token_ids.tolist() == [7, 8] and result.finish_reason == "length"
+        assert (result.prompt_tokens, result.cached_prompt_tokens) == (2, 1)
+        assert tokens.sampler_logprobs.tolist() == [-0.25, -1.5]
+        assert tokens.weights_versions.tolist() == [6, 6]
+        assert tokens.topk_ids.tolist() == [[7, 3], [8, -1]]

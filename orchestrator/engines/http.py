@@ -42,7 +42,7 @@ from core.engine_api import (
     UpdateMode,
     WeightUpdateReport,
 )
-from orchestrator.engines.http1 import Http1Client, Reply
+from orchestrator.engines.http1 import Http1Client, Reply, StreamedReply
 
 
 @dataclass(frozen=True)
@@ -258,13 +258,13 @@ class EngineTransport:
                 if response.status_code >= 400:
                     await response.aread()
                     self.raise_for_status(response, path, errors)
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
+                batches = (response.aiter_data() if isinstance(response, StreamedReply)
+                           else _data_fields(response))
+                async for batch in batches:
+                    if _DONE in batch:
+                        _parse_events(batch[:batch.index(_DONE)], on_event)
                         return
-                    on_event(json.loads(data))
+                    _parse_events(batch, on_event)
         except _NOT_SENT as exc:
             raise _NotSent(str(exc) or type(exc).__name__) from exc
         except httpx.TimeoutException as exc:
@@ -273,7 +273,7 @@ class EngineTransport:
         except httpx.TransportError as exc:
             raise EngineError(f"stream from the {self.where(path)} broke "
                               f"({type(exc).__name__}: {exc}); not retried") from exc
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
             raise EngineError(f"the {self.where(path)} sent a malformed stream chunk "
                               f"({type(exc).__name__}: {exc})") from exc
 
@@ -295,6 +295,29 @@ class EngineTransport:
 
     async def _backoff(self, attempt: int) -> None:
         await anyio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
+
+
+_DONE = b"[DONE]"  # the data of the event that ends an OpenAI-style stream
+
+
+async def _data_fields(response: httpx.Response) -> AsyncIterator[list[bytes]]:
+    """The `data:` fields of a server-sent event stream read by httpx, one to a list."""
+    async for line in response.aiter_lines():
+        if line.startswith("data:"):
+            yield [line[5:].strip().encode()]
+
+
+def _parse_events(batch: list[bytes], on_event: Callable[[Any], None]) -> None:
+    """`on_event` with each `data:` field of `batch` read as JSON: parsed as one array, which
+    costs about half as much as one parse each."""
+    if len(batch) == 1:
+        on_event(json.loads(batch[0]))
+        return
+    events = json.loads(b"[" + b",".join(batch) + b"]")
+    if len(events) != len(batch):  # a field held more than one value
+        raise ValueError(f"{len(batch)} data fields held {len(events)} JSON values")
+    for event in events:
+        on_event(event)
 
 
 def error_message(response: httpx.Response | Reply) -> str:

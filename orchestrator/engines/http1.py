@@ -64,8 +64,8 @@ class Reply:
 
 
 class StreamedReply(Reply):
-    """A reply whose body is read as it arrives (`aiter_lines`), or whole (`aread`), as with
-    httpx's streamed `Response`."""
+    """A reply whose body is read as it arrives (`aiter_data`: server-sent events), or whole
+    (`aread`, as with httpx's streamed `Response`)."""
 
     __slots__ = ("body",)
 
@@ -77,16 +77,18 @@ class StreamedReply(Reply):
         self.content = await self.body.read_all()
         return self.content
 
-    async def aiter_lines(self) -> AsyncIterator[str]:
-        """The body's lines as they arrive, without their line ends (UTF-8)."""
+    async def aiter_data(self) -> AsyncIterator[list[bytes]]:
+        """The server-sent events' `data:` fields as they arrive, those of each piece of body
+        together (one list per piece), each without its field name and surrounding blanks."""
         pending = b""
         while piece := await self.body.piece():
             lines = (pending + piece).split(b"\n")
             pending = lines.pop()
-            for line in lines:
-                yield line.rstrip(b"\r").decode("utf-8", "replace")
-        if pending:
-            yield pending.rstrip(b"\r").decode("utf-8", "replace")
+            data = [line[5:].strip() for line in lines if line.startswith(b"data:")]
+            if data:
+                yield data
+        if pending.startswith(b"data:"):
+            yield [pending[5:].strip()]
 
 
 class _Connection(asyncio.Protocol):

@@ -398,16 +398,17 @@ STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
 
 
 def test_a_streamed_reply_is_read_as_it_arrives_and_its_connection_used_again():
-    """Lines come out as their bytes arrive (the second part is only sent once the client has
-    read the first line), whatever the chunks' bounds, and a stream read to its end leaves its
-    connection kept alive."""
+    """Events come out as their bytes arrive (the second part is only sent once the client has
+    read the first event), whatever the chunks' bounds and line ends, those that arrived
+    together in one list; a stream read to its end leaves its connection kept alive."""
     first_read = asyncio.Event()
 
     async def events(reader, writer) -> bool:
-        writer.write(STREAM_HEAD + chunk(b'data: {"i": 0}\r\n\r\ndata: {"i"'))
+        writer.write(STREAM_HEAD + chunk(b'data: {"i": 0}\r\n\r\n: a comment\n\ndata: {"i"'))
         await writer.drain()
         await first_read.wait()
-        writer.write(chunk(b': 1}\n\n') + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        writer.write(chunk(b': 1}\n\ndata:{"i": 2}\n\n') + chunk(b"data: [DONE]\n\n")
+                     + b"0\r\n\r\n")
         await writer.drain()
         return True
 
@@ -416,27 +417,28 @@ def test_a_streamed_reply_is_read_as_it_arrives_and_its_connection_used_again():
     async def main():
         async with server as url:
             client = Http1Client(url)
-            lines = []
+            batches = []
             async with client.stream("POST", "/v1/completions", json={"stream": True},
                                      timeout=TIMEOUT) as reply:
                 assert reply.status_code == 200
                 assert reply.headers["content-type"] == "text/event-stream"
-                async for line in reply.aiter_lines():
-                    lines.append(line)
+                async for batch in reply.aiter_data():
+                    batches.append(batch)
                     first_read.set()
             after = await client.request("GET", "/health", timeout=TIMEOUT)
             await client.aclose()
-            return lines, after
+            return batches, after
 
-    lines, after = run(main)
-    assert lines == ['data: {"i": 0}', "", 'data: {"i": 1}', "", "data: [DONE]", ""]
+    batches, after = run(main)
+    assert sum(batches, []) == [b'{"i": 0}', b'{"i": 1}', b'{"i": 2}', b"[DONE]"]
+    assert batches[0] == [b'{"i": 0}']  # alone: the rest was sent after it was read
     assert after.json() == {"ok": True}
     assert server.connections == 1
 
 
 @pytest.mark.parametrize("framing", ["length", "to the end"])
 def test_a_streamed_reply_without_chunks_is_read_by_its_length_or_to_the_end(framing):
-    lines = b"data: 1\r\n\r\ndata: 2\n\nlast"
+    lines = b"data: 1\r\n\r\ndata: 2\n\ndata: last"
     length = b"Content-Length: %d\r\n" % len(lines) if framing == "length" else b""
 
     async def send(reader, writer) -> bool:
@@ -453,13 +455,13 @@ def test_a_streamed_reply_without_chunks_is_read_by_its_length_or_to_the_end(fra
         async with server as url:
             client = Http1Client(url)
             async with client.stream("GET", "/", timeout=TIMEOUT) as reply:
-                got = [line async for line in reply.aiter_lines()]
+                got = [data async for batch in reply.aiter_data() for data in batch]
             kept = len(client._idle)
             await client.aclose()
             return got, kept
 
     got, kept = run(main)
-    assert got == ["data: 1", "", "data: 2", "", "last"]
+    assert got == [b"1", b"2", b"last"]
     assert kept == (1 if framing == "length" else 0)
 
 
@@ -494,8 +496,8 @@ def test_a_stream_left_before_its_end_keeps_its_connection_only_if_the_end_comes
             seen = []
             for _ in range(2):
                 async with client.stream("POST", "/", timeout=TIMEOUT) as reply:
-                    async for line in reply.aiter_lines():
-                        if line == "data: [DONE]":
+                    async for batch in reply.aiter_data():
+                        if batch == [b"[DONE]"]:
                             break
                 seen.append(server.connections)
                 await client.request("GET", "/", timeout=TIMEOUT)
@@ -525,7 +527,7 @@ def test_cancelling_a_stream_closes_its_connection_which_is_how_vllm_aborts():
             client = Http1Client(url)
             with anyio.CancelScope() as scope:
                 async with client.stream("POST", "/", timeout=TIMEOUT) as reply:
-                    async for _ in reply.aiter_lines():
+                    async for _ in reply.aiter_data():
                         scope.cancel()
             with anyio.fail_after(10):
                 await closed.wait()
@@ -538,7 +540,7 @@ def test_the_vllm_client_streams_a_completion_through_the_lean_client():
     """A real `/v1/completions` stream over loopback: tokens, log-probs, top-k, usage and the
     finish reason as vLLM sends them, one kept-alive connection for the model card and two
     calls; a 400 is the server's own message; a stream cut short is a broken stream, not
-    retried."""
+    retried; a field that is not one JSON object is a malformed chunk."""
     sse = [
         {"choices": [{"index": 0, "text": "a", "logprobs": {
             "tokens": ["token_id:7"], "token_logprobs": [-0.25],
@@ -565,6 +567,12 @@ def test_the_vllm_client_streams_a_completion_through_the_lean_client():
         await writer.drain()
         return False
 
+    def malformed(data: bytes):
+        async def send(reader, writer) -> bool:
+            writer.write(STREAM_HEAD + chunk(data + b"\n\ndata: {}\n\n") + b"0\r\n\r\n")
+            return True
+        return send
+
     def reply(request: bytes, i: int):
         if b"/v1/models" in request:
             return ok(b'{"data": [{"id": "tiny", "max_model_len": 64}]}')
@@ -573,6 +581,10 @@ def test_the_vllm_client_streams_a_completion_through_the_lean_client():
             message = b'{"error": {"message": "prompt too long"}}'
             return (b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
                     b"Content-Length: %d\r\n\r\n%s" % (len(message), message))
+        if prompt == [1]:  # two values in one field, sent together with a good one
+            return malformed(b'data: {"choices": []}, {"choices": []}')
+        if prompt == [2]:
+            return malformed(b"data: 7")
         return cut_short if prompt == [0] else stream
 
     server = Server(reply)
@@ -591,6 +603,11 @@ def test_the_vllm_client_streams_a_completion_through_the_lean_client():
                                                   r"\(RemoteProtocolError"):
                 await engine.generate(GenerateRequest([0], SamplingParams()))
             assert len(server.requests) == before + 1  # not retried
+            for prompt, what in (([1], "2 data fields held 3 JSON values"),
+                                 ([2], "AttributeError")):
+                with pytest.raises(EngineError, match=rf"sent a malformed stream chunk "
+                                                      rf"\(.*{what}"):
+                    await engine.generate(GenerateRequest(prompt, SamplingParams()))
             return results
 
     for result in run(main):

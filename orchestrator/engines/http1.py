@@ -269,18 +269,14 @@ class Http1Client:
                       params: dict | None = None, timeout: httpx.Timeout) -> Reply:
         """`method path` with `json` as its body; the whole reply. Same keywords as
         `httpx.AsyncClient.request` for the ones the transport uses."""
-        message = self._message(method, path, json, params)
-        connection = await self._connection(timeout.connect)
+        connection, reply, keep = await self._send(method, path, json, params, timeout)
         try:
-            assert connection.transport is not None
-            connection.transport.write(message)
-            reply, keep = await _read_head(connection, timeout.read, method)
-            reply.content = await reply.body.read_all()
+            content = await reply.body.read_all()
         except BaseException:
             connection.close()
             raise
         self._done_with(connection, keep)
-        return Reply(reply.status_code, reply.headers, reply.content)
+        return Reply(reply.status_code, reply.headers, content)
 
     @asynccontextmanager
     async def stream(self, method: str, path: str, *, json: Any = None,  # noqa: A002
@@ -288,12 +284,8 @@ class Http1Client:
         """`method path` with `json` as its body; the reply with its body unread, for the
         block. `timeout.read` bounds each wait for more of it. A block that leaves the body
         unread waits up to `FINISH_S` for its end, then the connection is closed."""
-        message = self._message(method, path, json, None)
-        connection = await self._connection(timeout.connect)
+        connection, reply, keep = await self._send(method, path, json, None, timeout)
         try:
-            assert connection.transport is not None
-            connection.transport.write(message)
-            reply, keep = await _read_head(connection, timeout.read, method)
             yield reply
             if not reply.body.done:
                 keep = await reply.body.finish(FINISH_S) and keep
@@ -301,6 +293,22 @@ class Http1Client:
             connection.close()
             raise
         self._done_with(connection, keep)
+
+    async def _send(self, method: str, path: str, json: Any,  # noqa: A002
+                    params: dict | None, timeout: httpx.Timeout
+                    ) -> tuple[_Connection, StreamedReply, bool]:
+        """Send the request on a connection; the connection, the reply's head (its body
+        unread) and whether the connection can carry another request after it."""
+        message = self._message(method, path, json, params)
+        connection = await self._connection(timeout.connect)
+        try:
+            assert connection.transport is not None
+            connection.transport.write(message)
+            reply, keep = await _read_head(connection, timeout.read, method)
+        except BaseException:
+            connection.close()
+            raise
+        return connection, reply, keep
 
     def _message(self, method: str, path: str, json: Any,  # noqa: A002
                  params: dict | None) -> bytes:

@@ -48,7 +48,7 @@ import socket  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
-from typing import AsyncIterator  # noqa: E402
+from collections.abc import AsyncIterator  # noqa: E402
 
 import anyio  # noqa: E402
 import numpy as np  # noqa: E402

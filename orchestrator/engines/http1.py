@@ -23,7 +23,8 @@ import json
 import socket
 from contextlib import asynccontextmanager
 from http import HTTPStatus
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlencode
 
 import httpx

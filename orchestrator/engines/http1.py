@@ -21,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
-from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlencode
 

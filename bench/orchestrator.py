@@ -24,7 +24,18 @@ time per request (choosing the replica and its bookkeeping, thread CPU time). Me
 printed for the first count only: later runs in the same process reuse the memory the first
 one took from the system.
 
+With `--engine http` the engine is not in this process: the same scripted engine runs in a
+child process on the other core behind the embedded engine's HTTP routes (generate, weight
+updates, session release), and the pipeline reaches it through the client a job builds
+(`orchestrator.engines.embedded.engine_client`, with a connection per trajectory in flight so
+that the pool does not cap the turns). The child finds each trajectory's task in the store, as
+the in-process script finds it in the pipeline. The figures are then those of a real job's
+orchestrator process: its own CPU per turn holds the engine client (the request, the HTTP
+exchange, the reply's decoding) and not the fake engine's work; the child's CPU per turn is
+printed beside it.
+
     .venv/bin/python bench/orchestrator.py [--in-flight 1000] [--seconds 20] [--db URL]
+    .venv/bin/python bench/orchestrator.py --engine http [--in-flight 1000] [--db URL]
     .venv/bin/python bench/orchestrator.py --in-flight 10000 --replicas 8 [--db URL]
     .venv/bin/python bench/orchestrator.py --replicas 1,2,4 --slots 16 [--seconds 10]
 """
@@ -40,18 +51,22 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import argparse  # noqa: E402
 import os  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
-from contextlib import asynccontextmanager, contextmanager  # noqa: E402
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager  # noqa: E402
 from typing import Iterator  # noqa: E402
 
 import anyio  # noqa: E402
 
 from config.job import parse_config  # noqa: E402
+from core.engine_api import INFO_ROUTE, EngineError  # noqa: E402
 from core.store.db import normalize_url  # noqa: E402
 from core.store.store import Store  # noqa: E402
 from core.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
+from orchestrator.engines.embedded import engine_client  # noqa: E402
 from orchestrator.engines.replicas import ReplicaRouter  # noqa: E402
 from orchestrator.engines.scripted import (  # noqa: E402
     FakeEngineClient,
@@ -67,13 +82,18 @@ from tasks.testing import FakeSandbox  # noqa: E402
 
 
 class CountingEngine(FakeEngineClient):
-    """The engine (scripted, or a router over scripted replicas), counting completed calls."""
+    """The engine (scripted, a router over scripted replicas, or the client of a served one),
+    counting completed calls and the errors it raised."""
 
     def __init__(self, engine) -> None:
-        self.engine, self.calls = engine, 0
+        self.engine, self.calls, self.errors = engine, 0, 0
 
     async def generate(self, request):
-        result = await self.engine.generate(request)
+        try:
+            result = await self.engine.generate(request)
+        except EngineError:
+            self.errors += 1
+            raise
         self.calls += 1
         return result
 
@@ -82,6 +102,121 @@ class CountingEngine(FakeEngineClient):
 
     async def update_weights(self, path: str, version: int, *, mode="inflight", kv="recompute"):
         return await self.engine.update_weights(path, version, mode=mode, kv=kv)
+
+
+def bench_family(tool_s: float):
+    return longhaul.family(min_k=4, max_k=20, latency_median_s=tool_s, latency_sigma=0.5,
+                           latency_max_s=10 * tool_s)
+
+
+def bench_chat():
+    return make_chat_format(build_tiny_tokenizer(), "hermes", tool_listing="none")
+
+
+def scripted_engine(script, args) -> ScriptedEngine:
+    return ScriptedEngine(script, keep_requests=False,
+                          latency=LatencyModel(fixed_s=args.engine_s, jitter_sigma=0.3))
+
+
+def serve_engine(fd: int, args) -> None:
+    """The scripted engine behind the embedded engine's routes, on the inherited listening
+    socket `fd`, until killed. A trajectory's task is read from the store at `args.store_url`
+    (written by the pipeline before the trajectory starts)."""
+    import uvicorn
+    from sqlalchemy import create_engine, text
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from core.engine_api import (
+        GENERATE_ROUTE,
+        RELEASE_SESSION_ROUTE,
+        UPDATE_WEIGHTS_ROUTE,
+        GenerateBody,
+        GenerateRequest,
+        ReleaseSessionBody,
+        UpdateWeightsBody,
+        encode_generate_reply,
+    )
+
+    family, chat = bench_family(args.tool_s), bench_chat()
+    store = create_engine(args.store_url)
+    keys: dict[int, str] = {}
+
+    def task_of(trajectory_id: int):
+        if trajectory_id not in keys:
+            with store.connect() as c:
+                keys[trajectory_id] = c.execute(text(
+                    "SELECT ti.key FROM trajectories t JOIN task_instances ti "
+                    "ON ti.id = t.task_instance_id WHERE t.id = :id"),
+                    {"id": trajectory_id}).scalar_one()
+        return family.by_key(keys[trajectory_id])
+
+    engine = scripted_engine(DemoScript(task_of, family, chat, correct_fraction=0.5), args)
+
+    async def generate(request: Request) -> JSONResponse:
+        body = GenerateBody.model_validate_json(await request.body())
+        result = await engine.generate(GenerateRequest(
+            body.prompt_token_ids, body.params, session_id=body.session_id,
+            weights_version=body.weights_version))
+        return JSONResponse(encode_generate_reply(result, request_id=body.request_id or ""))
+
+    async def release(request: Request) -> JSONResponse:
+        body = ReleaseSessionBody.model_validate_json(await request.body())
+        await engine.release_session(body.session_id)
+        keys.pop(int(body.session_id.split("/")[0]), None)
+        return JSONResponse({"session_id": body.session_id, "released_tokens": 0})
+
+    async def update(request: Request) -> JSONResponse:
+        body = UpdateWeightsBody.model_validate_json(await request.body())
+        report = await engine.update_weights(body.path, body.version, mode=body.mode,
+                                             kv=body.kv)
+        return JSONResponse({
+            "version": report.version, "previous_version": report.previous_version,
+            "path": body.path, "mode": report.mode, "kv": report.kv, "wait_s": 0.0,
+            "pause_s": 0.0, "in_flight_sequences": 0, "recomputed_tokens": 0,
+            "invalidated_sessions": 0, "resident_versions": [report.version]})
+
+    async def info(request: Request) -> JSONResponse:
+        return JSONResponse({"model": "bench"})
+
+    app = Starlette(routes=[Route(GENERATE_ROUTE, generate, methods=["POST"]),
+                            Route(RELEASE_SESSION_ROUTE, release, methods=["POST"]),
+                            Route(UPDATE_WEIGHTS_ROUTE, update, methods=["POST"]),
+                            Route(INFO_ROUTE, info, methods=["GET"])])
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                           backlog=4096, timeout_keep_alive=60))
+    server.run(sockets=[socket.socket(fileno=fd)])
+
+
+@asynccontextmanager
+async def served_engine(args, store: Store):
+    """`engine_client` to the scripted engine served by a child process (`serve_engine`) on
+    the other core; yields the client and the child's pid."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--serve-fd", str(listener.fileno()),
+         "--store-url", store.engine.url.render_as_string(hide_password=False),
+         "--engine-s", str(args.engine_s), "--tool-s", str(args.tool_s)]
+        + (["--serve-cpu", str(args.serve_cpu)] if args.serve_cpu is not None else []),
+        pass_fds=[listener.fileno()])
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        async with engine_client(url, kind="embedded",
+                                 max_connections=args.concurrent) as client:
+            with anyio.fail_after(60):
+                while True:
+                    try:
+                        await client.http.call("GET", INFO_ROUTE)
+                        break
+                    except EngineError:
+                        await anyio.sleep(0.2)
+            yield client, child.pid
+    finally:
+        child.kill()
+        child.wait()
+        listener.close()
 
 
 @asynccontextmanager
@@ -151,14 +286,26 @@ async def measure_on(args, store: Store, replicas: int | None) -> dict:
         "pipeline": {"mode": "async", "steps": 10**6, "max_queue": 10**6},
     })
     store.create_run("bench", name="bench", config={}, pipeline_mode="async")
-    family = longhaul.family(min_k=4, max_k=20, latency_median_s=args.tool_s, latency_sigma=0.5,
-                             latency_max_s=10 * args.tool_s)
-    chat = make_chat_format(build_tiny_tokenizer(), "hermes", tool_listing="none")
-    script = DemoScript(lambda tid: pipeline.task_of(tid), family, chat, correct_fraction=0.5)
+    family, chat = bench_family(args.tool_s), bench_chat()
+    pipelines: list[Pipeline] = []  # the one the script finds its trajectories' tasks in
+    script = DemoScript(lambda tid: pipelines[0].task_of(tid), family, chat,
+                        correct_fraction=0.5)
     router = replica_engine(script, args, replicas) if replicas else None
-    engine = CountingEngine(router or ScriptedEngine(
-        script, keep_requests=False,
-        latency=LatencyModel(fixed_s=args.engine_s, jitter_sigma=0.3)))
+    async with AsyncExitStack() as stack:
+        served, child = None, None
+        if args.engine == "http":
+            served, child = await stack.enter_async_context(served_engine(args, store))
+        engine = CountingEngine(router or served or scripted_engine(script, args))
+        result = await run_pipeline(args, store, cfg, family, chat, engine, child, pipelines)
+    result["route_us"] = (1e6 * router.stats.route_s / max(router.stats.requests, 1)
+                          if router else None)
+    return result
+
+
+async def run_pipeline(args, store: Store, cfg, family, chat, engine: CountingEngine,
+                       child: int | None, pipelines: list[Pipeline]) -> dict:
+    """The pipeline over `engine` (appended to `pipelines`) until the window ends; its
+    figures. `child`: the pid of the engine's own process, whose CPU is counted too."""
     learner = FakeLearner(store, "bench", batch_size=64, poll_s=0.05, record_lags=False)
     peak = 0
     window: dict[str, float] = {}
@@ -168,7 +315,7 @@ async def measure_on(args, store: Store, replicas: int | None) -> dict:
         return dict(calls=engine.calls, finished=pipeline.stats.finished,
                     rows=writer.rows_written, transactions=writer.transactions,
                     dispatched=pipeline.stats.dispatched, wall=time.monotonic(),
-                    cpu=time.process_time())
+                    cpu=time.process_time(), child_cpu=child_cpu_s(child) if child else 0.0)
 
     async def sample() -> None:
         nonlocal peak
@@ -185,6 +332,7 @@ async def measure_on(args, store: Store, replicas: int | None) -> dict:
         pipeline = Pipeline(run_id="bench", cfg=cfg, store=store, writer=writer, engine=engine,
                             family=family, chat_format=chat, acquire=memory_sandbox,
                             poll_s=0.5)
+        pipelines.append(pipeline)
         async with anyio.create_task_group() as tg:
             await tg.start(learner.run)
             tg.start_soon(pipeline.run)
@@ -198,8 +346,15 @@ async def measure_on(args, store: Store, replicas: int | None) -> dict:
                 dispatched_per_s=window["dispatched"] / window["wall"],
                 kib_per_trajectory=(rss_bytes("VmHWM") - rss_before) / 1024 / max(peak, 1),
                 dialect=store.engine.dialect.name,
-                route_us=1e6 * router.stats.route_s / max(router.stats.requests, 1)
-                if router else None)
+                engine_cpu_ms_per_turn=1000 * window["child_cpu"] / max(window["calls"], 1),
+                engine_errors=engine.errors)
+
+
+def child_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (/proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -215,24 +370,44 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=0,
                         help="requests one replica serves at once (with --replicas; default: "
                              "enough for every trajectory in flight)")
+    parser.add_argument("--engine", choices=("scripted", "http"), default="scripted",
+                        help="scripted: the engine in this process; http: in a child process, "
+                             "reached through a job's engine client")
+    parser.add_argument("--serve-fd", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-cpu", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--store-url", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--db", default=None,
                         help="a PostgreSQL server's URL (postgresql+psycopg://...); the bench "
                              "makes a database of its own there (default: a new SQLite file)")
     args = parser.parse_args()
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if args.serve_fd is not None:  # the served engine's process (--engine http)
+        if args.serve_cpu is not None:
+            os.sched_setaffinity(0, {args.serve_cpu})
+        return serve_engine(args.serve_fd, args)
     tune_gc_for_concurrency()  # as `stalewise run` does
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    if cpus:  # this process on the first core, a served engine on the last
+        os.sched_setaffinity(0, {cpus[0]})
+        args.serve_cpu = cpus[-1]
     if args.replicas:
+        if args.engine != "scripted":
+            parser.error("--replicas runs scripted replicas in this process: drop --engine")
         return replica_table(args, [int(n) for n in args.replicas.split(",")])
     with tempfile.TemporaryDirectory() as directory:
         result = anyio.run(measure, args, directory)
+    where = ("the scripted engine in this process" if args.engine == "scripted" else
+             "the scripted engine in a child process over HTTP (the embedded engine's routes)")
     print(f"orchestrator benchmark: {args.concurrent} trajectories in flight (peak "
           f"{result['peak_in_flight']}), one core, model call {args.engine_s} s, tool median "
-          f"{args.tool_s} s, store {result['dialect']}")
+          f"{args.tool_s} s, store {result['dialect']}, {where}")
     print(f"  agent turns/s        {result['turns_per_s']:,.0f}   (target >= 2,000)")
     print(f"  trajectories/s       {result['trajectories_per_s']:,.1f}")
     print(f"  CPU ms per turn      {result['cpu_ms_per_turn']:.3f}")
+    if args.engine == "http":
+        print(f"  engine CPU ms/turn   {result['engine_cpu_ms_per_turn']:.3f}   (the child "
+              f"process, on the other core; not in the figure above)")
     print(f"  CPU busy             {100 * result['cpu_share']:.0f}% of one core")
+    print(f"  engine errors        {result['engine_errors']:,}   (in the whole run)")
     print(f"  store rows/s         {result['rows_per_s']:,.0f}   ({result['rows']:,} in the run)")
     print(f"  store commits/s      {result['transactions_per_s']:,.1f}   (dispatch waits for one "
           f"per group: {result['dispatched_per_s']:,.1f} trajectories/s dispatched)")

@@ -57,6 +57,21 @@ def test_a_benchmark_script_runs_and_prints_its_figure(name):
         assert line in done.stdout, output[-4000:]
 
 
+@pytest.mark.slow
+def test_the_orchestrator_benchmark_reaches_a_served_engine_through_a_jobs_client():
+    """`--engine http`: the scripted engine in a child process, found by the job's engine
+    client; every call answered (the child finds each trajectory's task in the store)."""
+    done = run_bench("orchestrator", ["--engine", "http", "--concurrent", "20", "--seconds",
+                                      "2", "--warmup", "1"], cwd=BENCH.parent)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert "in a child process over HTTP" in done.stdout and "engine CPU ms/turn" in done.stdout
+    figures = {line[:23].strip(): line[23:].split()[0]  # "  name (padded)  value  (note)"
+               for line in done.stdout.splitlines() if line.startswith("  ")}
+    assert figures["engine errors"] == "0", output[-4000:]
+    assert float(figures["agent turns/s"].replace(",", "")) > 0, output[-4000:]
+
+
 def test_the_store_benchmark_removes_its_database_and_nothing_beside_it(tmp_path):
     neighbour = tmp_path / "results.db"
     neighbour.write_text("a user's file")

@@ -54,7 +54,8 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    temperature: float = Field(1.0, gt=0.0, description="softmax temperature (> 0)")
+    temperature: float = Field(1.0, gt=0.0, allow_inf_nan=False,
+                               description="softmax temperature (> 0)")
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens; 0 = off")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass; 1.0 = off")
     seed: int | None = Field(None, description="per-request sampling seed")
@@ -207,7 +208,7 @@ class GenerateBody(BaseModel):
     def of(cls, request: GenerateRequest, *, request_id: str, ignore_eos: bool) -> GenerateBody:
         """The body for `request`; an invalid one is an `EngineError` naming the field."""
         try:
-            return cls(prompt_token_ids=[int(t) for t in request.prompt_token_ids],
+            return cls(prompt_token_ids=request.prompt_token_ids,  # numpy ids validate too
                        params=request.params, session_id=request.session_id,
                        request_id=request_id, ignore_eos=ignore_eos,
                        weights_version=request.weights_version)

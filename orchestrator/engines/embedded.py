@@ -85,7 +85,8 @@ class EmbeddedEngineClient(HttpEngineClient):
         try:
             payload = await self.http.call(
                 "POST", GENERATE_ROUTE, idempotent=False, read_timeout=self.timeouts.generate,
-                json_body=body.model_dump(mode="json"), errors={409: VersionNotResidentError})
+                json_body=body.model_dump_json().encode(),
+                errors={409: VersionNotResidentError})
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeouts.control):
                 try:

@@ -186,8 +186,9 @@ class EngineTransport:
             try:
                 try:
                     async with self._pools.connection(self.timeouts.pool) as http:
-                        return await http.request(method, path, json=json_body, params=params,
-                                                  timeout=self.timeout(read_timeout))
+                        return await http.request(method, path, params=params,
+                                                  timeout=self.timeout(read_timeout),
+                                                  **_body(json_body))
                 except _NOT_SENT as exc:
                     raise _NotSent(str(exc) or type(exc).__name__) from exc
             except _NotSent as exc:
@@ -254,7 +255,7 @@ class EngineTransport:
         try:
             async with self._pools.connection(self.timeouts.pool) as http, \
                     http.stream(
-                    "POST", path, json=json_body, timeout=self.timeout(read)) as response:
+                    "POST", path, timeout=self.timeout(read), **_body(json_body)) as response:
                 if response.status_code >= 400:
                     await response.aread()
                     self.raise_for_status(response, path, errors)
@@ -295,6 +296,17 @@ class EngineTransport:
 
     async def _backoff(self, attempt: int) -> None:
         await anyio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
+
+
+_JSON_CONTENT = {"Content-Type": "application/json"}
+
+
+def _body(json_body: Any) -> dict[str, Any]:
+    """The request keywords for `json_body`: a value to write as JSON, or `bytes` that are its
+    JSON already (a body pydantic serialised, several times faster than `json.dumps`)."""
+    if isinstance(json_body, bytes):
+        return {"content": json_body, "headers": _JSON_CONTENT}
+    return {"json": json_body}
 
 
 _DONE = b"[DONE]"  # the data of the event that ends an OpenAI-style stream

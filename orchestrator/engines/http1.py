@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from http import HTTPStatus
 from typing import Any
@@ -267,10 +267,13 @@ class Http1Client:
         self._idle: list[_Connection] = []
 
     async def request(self, method: str, path: str, *, json: Any = None,  # noqa: A002
+                      content: bytes | None = None, headers: Mapping[str, str] | None = None,
                       params: dict | None = None, timeout: httpx.Timeout) -> Reply:
-        """`method path` with `json` as its body; the whole reply. Same keywords as
-        `httpx.AsyncClient.request` for the ones the transport uses."""
-        connection, reply, keep = await self._send(method, path, json, params, timeout)
+        """`method path` with `json` as its body (or the bytes `content`, with `headers`);
+        the whole reply. Same keywords as `httpx.AsyncClient.request` for the ones the
+        transport uses."""
+        message = self._message(method, path, json, content, headers, params)
+        connection, reply, keep = await self._send(message, method, timeout)
         try:
             content = await reply.body.read_all()
         except BaseException:
@@ -281,11 +284,13 @@ class Http1Client:
 
     @asynccontextmanager
     async def stream(self, method: str, path: str, *, json: Any = None,  # noqa: A002
+                     content: bytes | None = None, headers: Mapping[str, str] | None = None,
                      timeout: httpx.Timeout) -> AsyncIterator[StreamedReply]:
-        """`method path` with `json` as its body; the reply with its body unread, for the
-        block. `timeout.read` bounds each wait for more of it. A block that leaves the body
-        unread waits up to `FINISH_S` for its end, then the connection is closed."""
-        connection, reply, keep = await self._send(method, path, json, None, timeout)
+        """`method path` with its body as for `request`; the reply with its body unread, for
+        the block. `timeout.read` bounds each wait for more of it. A block that leaves the
+        body unread waits up to `FINISH_S` for its end, then the connection is closed."""
+        message = self._message(method, path, json, content, headers, None)
+        connection, reply, keep = await self._send(message, method, timeout)
         try:
             yield reply
             if not reply.body.done:
@@ -295,12 +300,10 @@ class Http1Client:
             raise
         self._done_with(connection, keep)
 
-    async def _send(self, method: str, path: str, json: Any,  # noqa: A002
-                    params: dict | None, timeout: httpx.Timeout
+    async def _send(self, message: bytes, method: str, timeout: httpx.Timeout
                     ) -> tuple[_Connection, StreamedReply, bool]:
-        """Send the request on a connection; the connection, the reply's head (its body
-        unread) and whether the connection can carry another request after it."""
-        message = self._message(method, path, json, params)
+        """Send the request `message` on a connection; the connection, the reply's head (its
+        body unread) and whether the connection can carry another request after it."""
         connection = await self._connection(timeout.connect)
         try:
             assert connection.transport is not None
@@ -312,13 +315,16 @@ class Http1Client:
         return connection, reply, keep
 
     def _message(self, method: str, path: str, json: Any,  # noqa: A002
+                 content: bytes | None, headers: Mapping[str, str] | None,
                  params: dict | None) -> bytes:
         path = self.path_prefix + path
         if params:
             path = f"{path}?{urlencode(params)}"
         head = [f"{method} {path} HTTP/1.1\r\n".encode("latin-1"), self._host_header,
                 b"Accept-Encoding: identity\r\n"]
-        body = b""
+        head += [f"{name}: {value}\r\n".encode("latin-1") for name, value in
+                 (headers or {}).items()]
+        body = b"" if content is None else content
         if json is not None:
             body = _dumps(json)
             head.append(b"Content-Type: application/json\r\n")

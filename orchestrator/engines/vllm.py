@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 import anyio
+import pydantic_core
 
 from core.engine_api import (
     EngineError,
@@ -93,7 +94,10 @@ class VllmEngineClient(HttpEngineClient):
         if request.weights_version is not None:
             raise EngineError(f"request pinned to weights version {request.weights_version} "
                               f"cannot be served by the {self.http.where('')}: {VLLM_CANNOT_PIN}")
-        body = completion_body(request, await self.model_name(), self.ignore_eos)
+        # pydantic's serialiser writes the body (a long prompt of ids) several times faster
+        # than json.dumps
+        body = pydantic_core.to_json(
+            completion_body(request, await self.model_name(), self.ignore_eos))
         unavailable_since: float | None = None
         while True:
             stream = CompletionStream(request.params.logprobs_topk, self._version,

@@ -24,7 +24,7 @@ VLLM_LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this in JSON
 
 def completion_body(request: GenerateRequest, model: str, ignore_eos: bool) -> dict:
     params = request.params
-    return {"model": model, "prompt": [int(t) for t in request.prompt_token_ids],
+    return {"model": model, "prompt": list(map(int, request.prompt_token_ids)),
             "max_tokens": params.max_tokens, "min_tokens": params.min_tokens,
             "temperature": params.temperature, "top_p": params.top_p,
             "top_k": params.top_k if params.top_k > 0 else -1, "seed": params.seed,

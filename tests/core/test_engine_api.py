@@ -13,6 +13,7 @@ import json
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from core.engine_api import (
     EngineError,
@@ -133,3 +134,9 @@ def test_a_generate_body_carries_the_request_and_refuses_an_empty_prompt():
     assert body.prompt_token_ids == [5, 6] and body.weights_version == 1
     with pytest.raises(EngineError, match="field 'prompt_token_ids'"):
         GenerateBody.of(GenerateRequest([], params), request_id="r", ignore_eos=False)
+    with pytest.raises(EngineError, match="field 'prompt_token_ids.1'"):  # not truncated
+        GenerateBody.of(GenerateRequest([5, 6.5], params), request_id="r", ignore_eos=False)
+    # the engine client writes the body with pydantic's serialiser: the JSON json.dumps gives
+    assert json.loads(body.model_dump_json()) == body.model_dump(mode="json")
+    with pytest.raises(ValidationError, match="temperature"):
+        SamplingParams(temperature=float("inf"))

@@ -71,6 +71,7 @@ def test_embedded_generate_sends_the_schema_and_decodes_the_reply_exactly():
 
     def handler(request: httpx.Request) -> httpx.Response:
         body = GenerateBody.model_validate(json.loads(request.content))  # the server's schema
+        assert request.headers["content-type"] == "application/json"
         seen.append(body)
         return httpx.Response(200, json=encode_generate_reply(RESULT, request_id=body.request_id))
 

@@ -328,6 +328,47 @@ def test_json_bodies_are_written_as_httpx_writes_them():
     assert server.requests == []  # nothing was sent
 
 
+def test_the_generate_bodies_both_clients_send_are_json_with_one_content_type():
+    """The engine clients hand the transport bodies pydantic already wrote (bytes): they go out
+    as they are, typed as JSON once (over httpx: tests/orchestrator/engines/test_clients.py)."""
+    from core.engine_api import GENERATE_ROUTE, GenerateResult, encode_generate_reply
+    from core.records import SampledTokens
+
+    result = GenerateResult(SampledTokens([7], [-0.5], [0], [0], [0.1]), "stop", 2, 0, "e")
+    reply = json.dumps(encode_generate_reply(result, request_id="")).encode()
+
+    def answer(request: bytes, i: int) -> bytes:
+        if b"/v1/models" in request:
+            return ok(b'{"data": [{"id": "tiny"}]}')
+        if GENERATE_ROUTE.encode() in request:
+            rid = json.loads(request.split(b"\r\n\r\n", 1)[1])["request_id"]
+            return ok(reply.replace(b'"request_id": ""', b'"request_id": "%s"' % rid.encode()))
+        return ok(STREAM_EVENTS, extra=b"Content-Type: text/event-stream\r\n")
+
+    server = Server(answer)
+
+    async def main():
+        async with server as url:
+            for kind in ("embedded", "vllm"):
+                async with engine_client(url, kind=kind, retries=0) as engine:
+                    request = GenerateRequest([3, 4], SamplingParams(max_tokens=3))
+                    assert (await engine.generate(request)).tokens.token_ids.tolist() == [7]
+
+    run(main)
+    bodies = [r for r in server.requests if r.startswith(b"POST")]
+    assert len(bodies) == 2
+    for request in bodies:
+        head, body = request.split(b"\r\n\r\n", 1)
+        assert head.lower().count(b"content-type: application/json") == 1
+        assert b"Content-Length: %d" % len(body) in head.split(b"\r\n")
+        sent = json.loads(body)
+        assert sent.get("prompt_token_ids", sent.get("prompt")) == [3, 4]
+
+
+STREAM_EVENTS = (b'data: {"choices": [{"logprobs": {"tokens": ["token_id:7"], '
+                 b'"token_logprobs": [-0.5]}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n')
+
+
 def test_error_replies_read_as_over_httpx():
     """Status, message and class of an error reply are the ones the transport gives over
     httpx: the server's own message, or the status's phrase for an empty reply."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -30,6 +31,7 @@ from urllib.parse import urlencode
 import httpx
 
 _HEAD_END = b"\r\n\r\n"
+_HEX = re.compile(rb"[0-9a-fA-F]{1,16}")  # a chunk's size
 _NO_BODY = frozenset({204, 304})
 # How long a stream left before its end (vLLM's `[DONE]` comes just before the end of its body)
 # may take to end, so that its connection can carry another request; past it the connection is
@@ -229,12 +231,10 @@ class _Body:
             await connection.more(self.timeout)
             end = buffer.find(b"\r\n")
         size_text = bytes(buffer[:end]).split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise httpx.RemoteProtocolError(f"malformed chunk size {size_text[:20]!r}") from None
+        if not _HEX.fullmatch(size_text):
+            raise httpx.RemoteProtocolError(f"malformed chunk size {size_text[:20]!r}")
         del buffer[:end + 2]
-        return size
+        return int(size_text, 16)
 
     async def _trailers(self) -> None:
         """Skip the trailer fields after the last chunk, up to the empty line that ends them."""

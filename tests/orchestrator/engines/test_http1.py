@@ -201,7 +201,12 @@ class CutShort(Server):
      "malformed Content-Length 'x'"),
     (CutShort(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"),
      "malformed chunk size b'zz'"),
-], ids=["no reply", "cut short", "not http", "bad length", "bad chunk"])
+    (CutShort(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nabc"),
+     "malformed chunk size b'-5'"),
+    (Server(lambda request, i: b"HTTP/1.1 200 OK\r\nContent-Length: -3\r\n\r\n"),
+     "malformed Content-Length '-3'"),
+], ids=["no reply", "cut short", "not http", "bad length", "bad chunk", "negative chunk",
+        "negative length"])
 def test_a_broken_reply_is_the_http_error_for_it_and_its_connection_is_dropped(server, message):
     async def main():
         async with server as url:

@@ -23,7 +23,7 @@ import json
 import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, get_args
 
@@ -261,11 +261,12 @@ class EngineTransport:
                     self.raise_for_status(response, path, errors)
                 batches = (response.aiter_data() if isinstance(response, StreamedReply)
                            else _data_fields(response))
-                async for batch in batches:
-                    if _DONE in batch:
-                        _parse_events(batch[:batch.index(_DONE)], on_event)
-                        return
-                    _parse_events(batch, on_event)
+                async with aclosing(batches):  # closed here, not by the loop's finalizer
+                    async for batch in batches:
+                        if _DONE in batch:
+                            _parse_events(batch[:batch.index(_DONE)], on_event)
+                            return
+                        _parse_events(batch, on_event)
         except _NOT_SENT as exc:
             raise _NotSent(str(exc) or type(exc).__name__) from exc
         except httpx.TimeoutException as exc:

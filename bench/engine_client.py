@@ -53,6 +53,7 @@ from collections.abc import AsyncIterator  # noqa: E402
 import anyio  # noqa: E402
 import numpy as np  # noqa: E402
 
+from core.children import cpu_seconds  # noqa: E402
 from core.engine_api import (  # noqa: E402
     GENERATE_ROUTE,
     INFO_ROUTE,
@@ -207,21 +208,14 @@ async def window(engine, args: argparse.Namespace,
         for i in range(args.in_flight):
             tg.start_soon(conversation, i)
         await anyio.sleep(args.warmup)
-        server = child_cpu_s(server_pid) if server_pid else 0.0
+        server = cpu_seconds(server_pid) if server_pid else 0.0
         counting, wall, cpu = True, time.monotonic(), time.process_time()
         await anyio.sleep(args.seconds)
         counting, wall, cpu = False, time.monotonic() - wall, time.process_time() - cpu
-        server = child_cpu_s(server_pid) - server if server_pid else 0.0
+        server = cpu_seconds(server_pid) - server if server_pid else 0.0
         tg.cancel_scope.cancel()
     return {"calls_per_s": calls / wall, "cpu_ms": 1000 * cpu / max(calls, 1),
             "server_cpu_ms": 1000 * server / max(calls, 1)}
-
-
-def child_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far (/proc)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def http_window(base_url: str, server_pid: int, args: argparse.Namespace,

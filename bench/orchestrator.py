@@ -62,6 +62,7 @@ from typing import Iterator  # noqa: E402
 import anyio  # noqa: E402
 
 from config.job import parse_config  # noqa: E402
+from core.children import cpu_seconds  # noqa: E402
 from core.engine_api import INFO_ROUTE, EngineError  # noqa: E402
 from core.store.db import normalize_url  # noqa: E402
 from core.store.store import Store  # noqa: E402
@@ -72,6 +73,7 @@ from orchestrator.engines.scripted import (  # noqa: E402
     FakeEngineClient,
     LatencyModel,
     ScriptedEngine,
+    script_key,
 )
 from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency  # noqa: E402
 from orchestrator.testing import CapacityEngine, DemoScript, FakeLearner  # noqa: E402
@@ -136,7 +138,9 @@ def serve_engine(fd: int, args) -> None:
         GenerateBody,
         GenerateRequest,
         ReleaseSessionBody,
+        ReleaseSessionReply,
         UpdateWeightsBody,
+        UpdateWeightsReply,
         encode_generate_reply,
     )
 
@@ -165,18 +169,22 @@ def serve_engine(fd: int, args) -> None:
     async def release(request: Request) -> JSONResponse:
         body = ReleaseSessionBody.model_validate_json(await request.body())
         await engine.release_session(body.session_id)
-        keys.pop(int(body.session_id.split("/")[0]), None)
-        return JSONResponse({"session_id": body.session_id, "released_tokens": 0})
+        keys.pop(int(script_key(body.session_id)), None)
+        return JSONResponse(ReleaseSessionReply(session_id=body.session_id,
+                                                released_tokens=0).model_dump(mode="json"))
 
     async def update(request: Request) -> JSONResponse:
         body = UpdateWeightsBody.model_validate_json(await request.body())
         report = await engine.update_weights(body.path, body.version, mode=body.mode,
                                              kv=body.kv)
-        return JSONResponse({
-            "version": report.version, "previous_version": report.previous_version,
-            "path": body.path, "mode": report.mode, "kv": report.kv, "wait_s": 0.0,
-            "pause_s": 0.0, "in_flight_sequences": 0, "recomputed_tokens": 0,
-            "invalidated_sessions": 0, "resident_versions": [report.version]})
+        return JSONResponse(UpdateWeightsReply(
+            version=report.version, previous_version=report.previous_version, path=body.path,
+            mode=report.mode, kv=report.kv, wait_s=report.wait_s, pause_s=report.pause_s,
+            in_flight_sequences=report.in_flight_sequences,
+            recomputed_tokens=report.recomputed_tokens,
+            invalidated_sessions=report.invalidated_sessions,
+            already_applied=report.already_applied,
+            resident_versions=report.resident_versions).model_dump(mode="json"))
 
     async def info(request: Request) -> JSONResponse:
         return JSONResponse({"model": "bench"})
@@ -315,7 +323,7 @@ async def run_pipeline(args, store: Store, cfg, family, chat, engine: CountingEn
         return dict(calls=engine.calls, finished=pipeline.stats.finished,
                     rows=writer.rows_written, transactions=writer.transactions,
                     dispatched=pipeline.stats.dispatched, wall=time.monotonic(),
-                    cpu=time.process_time(), child_cpu=child_cpu_s(child) if child else 0.0)
+                    cpu=time.process_time(), child_cpu=cpu_seconds(child) if child else 0.0)
 
     async def sample() -> None:
         nonlocal peak
@@ -349,12 +357,6 @@ async def run_pipeline(args, store: Store, cfg, family, chat, engine: CountingEn
                 engine_cpu_ms_per_turn=1000 * window["child_cpu"] / max(window["calls"], 1),
                 engine_errors=engine.errors)
 
-
-def child_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far (/proc)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:

@@ -210,6 +210,12 @@ def port_file(path: Path) -> Callable[[], int | None]:
     return lambda: int(path.read_text()) if path.is_file() else None
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used so far (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def group_members(pgid: int) -> list[int]:
     """The live (not zombie) processes of process group `pgid`, from /proc."""
     members = []

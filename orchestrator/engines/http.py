@@ -322,7 +322,7 @@ async def _data_fields(response: httpx.Response) -> AsyncIterator[list[bytes]]:
 
 def _parse_events(batch: list[bytes], on_event: Callable[[Any], None]) -> None:
     """`on_event` with each `data:` field of `batch` read as JSON: parsed as one array, which
-    costs about half as much as one parse each."""
+    costs about a quarter less than one parse each."""
     if len(batch) == 1:
         on_event(json.loads(batch[0]))
         return

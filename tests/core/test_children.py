@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -22,6 +23,7 @@ from core.children import (
     Child,
     LaunchError,
     RestartBudget,
+    cpu_seconds,
     free_port,
     group_members,
     port_file,
@@ -190,3 +192,19 @@ def test_a_child_that_cannot_be_started_leaves_no_scratch_directory(tmp_path):
         Child.start("nowhere", [str(tmp_path / "no-such-program")], scratch / "log",
                     scratch=scratch)
     assert not scratch.exists()
+
+
+def test_cpu_seconds_counts_a_child_process_s_work():
+    """The figure the benches print for their server processes (/proc/PID/stat)."""
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import sys, time\n"
+                              "end = time.process_time() + 0.5\n"
+                              "while time.process_time() < end: pass\n"
+                              "print('done', flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "done\n"  # it has spun half a second of CPU
+        assert cpu_seconds(child.pid) >= 0.5
+    finally:
+        child.kill()
+        child.wait()

@@ -22,12 +22,13 @@ average and 42-token replies, as `bench/orchestrator.py`'s `longhaul` trajectori
 Printed per contender (median of `--repeats` windows, the contenders alternating): calls per
 second, the client process's CPU ms per call, and that minus the floor, which is what the engine
 side of a turn costs the orchestrator. For `http`, also the server's CPU ms per call (its own
-core; not the orchestrator's). The client keeps at most `--connections` requests open, as a
-job's engine client does (256), so with more conversations than that the rest wait in its pool
-and `http` and `vllm` make fewer calls per second than the others.
+core; not the orchestrator's). The client keeps at most `--connections` requests open; by
+default one per conversation, as a job's engine client does (`engine.max_connections`, default
+`rollout.max_concurrent`). With fewer (`--connections 256`, a job's fixed pool before
+2026-12-06) the rest wait in its pool, and `http` and `vllm` make fewer calls per second.
 
     .venv/bin/python bench/engine_client.py [--in-flight 1000] [--latency-s 0.4]
-        [--connections 256] [--seconds 10] [--repeats 3] [--engines floor,scripted,http,vllm]
+        [--connections N] [--seconds 10] [--repeats 3] [--engines floor,scripted,http,vllm]
 """
 
 from __future__ import annotations
@@ -237,8 +238,9 @@ def main() -> None:
     parser.add_argument("--tool-tokens", type=int, default=20,
                         help="tokens a turn adds after the reply (the tool's result)")
     parser.add_argument("--turns", type=int, default=12, help="calls per conversation")
-    parser.add_argument("--connections", type=int, default=256,
-                        help="the client's connection pool (a job's engine client: 256)")
+    parser.add_argument("--connections", type=int, default=None,
+                        help="the client's connection pool (default: --in-flight, one per "
+                        "conversation, as a job's engine client has)")
     parser.add_argument("--seconds", type=float, default=10.0, help="measurement window")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
     parser.add_argument("--repeats", type=int, default=3, help="windows per contender")
@@ -248,6 +250,8 @@ def main() -> None:
                         help="the contenders, comma-separated (floor is always measured)")
     parser.add_argument("--serve-fd", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.connections is None:
+        args.connections = args.in_flight
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if args.serve_fd is not None:
         if len(cpus) > 1:

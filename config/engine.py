@@ -45,6 +45,10 @@ class EngineConfig(EngineServerConfig):
     url: str | None = Field(None, description="attach to a running engine instead of starting one")
     port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
     request_timeout_s: float = Field(600.0, gt=0)
+    max_connections: int | None = Field(
+        None, ge=1, description="connections the orchestrator keeps to each engine, opened on "
+        "first use (default: rollout.max_concurrent, one per trajectory in flight, so no model "
+        "call waits in the orchestrator for a free connection)")
     startup_timeout_s: float = Field(120.0, gt=0)
     extra_args: list[str] = Field(default_factory=list, description="extra `vllm serve` arguments")
     replicas: int = Field(1, ge=1, description="engine processes the job starts, each on its "

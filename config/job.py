@@ -229,6 +229,13 @@ class JobConfig(Section):
                 f"PostgreSQL URL, e.g. 'postgresql+psycopg://USER@HOST:5432/DB'")
         return self
 
+    def engine_connections(self) -> int:
+        """Connections the orchestrator keeps to each engine: `engine.max_connections`, or one
+        per trajectory in flight. A trajectory has at most one model call at the engine, so with
+        fewer the calls beyond the connections queue in the client, and the engine's batch
+        never sees them."""
+        return self.engine.max_connections or self.rollout.max_concurrent
+
 
 def is_postgres_url(url: str) -> bool:
     return url.split("://", 1)[0].split("+", 1)[0] in ("postgresql", "postgres")

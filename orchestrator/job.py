@@ -32,6 +32,7 @@ from core.children import Child, python_command
 from core.evaluation import Evaluation, failure_changes, gain_figures, latest_by_label
 from core.log import bind_run, configure_logging, get_logger
 from core.numerics import cpu_facts, model_width, resolve_dtype
+from core.open_files import raise_open_files
 from core.store import audit
 from core.store.outage import Outage, first_line
 from core.store.store import Store
@@ -202,6 +203,13 @@ async def _run_until_signalled(job: JobConfig, resume: str | None) -> int:
     return int(outcome.get("code", 130 if outcome.get("signal") == "SIGINT" else 143))
 
 
+def open_files_needed(job: JobConfig) -> int:
+    """Files the job may hold open at once, at most: every engine's connections, a tool
+    connection per trajectory in flight, and 256 for the store, logs and children."""
+    return (job.engine_connections() * job.engine.replica_count + job.rollout.max_concurrent
+            + 256)
+
+
 async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
     store = Store.open(job.run.db_url, create=True)
     run_id = resume or new_run_id(job.run.name)
@@ -224,6 +232,9 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
             model_dir = await warm_start(job, model_dir, run_dir)
         version, path, _, _ = store.learner_progress(run_id)
         serve_dir = Path(path) if path else model_dir
+        files = raise_open_files(open_files_needed(job))
+        if not files.enough:
+            log.warning("open-file limit too low", advice=files.advice())
         # from the main thread (blocking briefly), so what is started here dies with this process
         engines = EngineFleet.start(job, model_dir=serve_dir, version=version, run_dir=run_dir,
                                     run_id=run_id)

@@ -18,7 +18,7 @@ from config.job import JobConfig
 from core.engine_api import EngineClient
 from orchestrator.cluster.launch import CommandLaunch, EngineLaunch
 from orchestrator.cluster.placement import PlacementError, RoleGroup, connect
-from orchestrator.engines.embedded import engine_client
+from orchestrator.engines.embedded import DEFAULT_CONNECTIONS, engine_client
 from orchestrator.engines.launch import hold_checkpoint
 from orchestrator.processes import ChildDied
 
@@ -38,15 +38,16 @@ def _failure_text(statuses: list[dict]) -> str:
 
 class RayEngines:
     def __init__(self, group: RoleGroup, *, model_dir: Path, version: int,
-                 startup_timeout_s: float, run_dir: Path | None = None) -> None:
+                 startup_timeout_s: float, run_dir: Path | None = None,
+                 connections: int = DEFAULT_CONNECTIONS) -> None:
         self.group, self.model_dir, self.version = group, model_dir, version
-        self.run_dir = run_dir
+        self.run_dir, self.connections = run_dir, connections
         self.startup_timeout_s = startup_timeout_s
         self.urls: list[str] = [s["url"] for s in group.statuses()]
 
     @classmethod
     def place(cls, job: JobConfig, model_dir: Path, version: int, run_dir: Path,
-              run_id: str) -> "RayEngines":
+              run_id: str, *, connections: int = DEFAULT_CONNECTIONS) -> "RayEngines":
         if job.engine.kind != "embedded":
             raise PlacementError("cluster.backend = 'ray' places embedded engines only; for "
                                  "vLLM run `vllm serve` on the GPU nodes yourself and set "
@@ -62,7 +63,8 @@ class RayEngines:
         group = RoleGroup.place("engine", job.cluster.engine, launches,
                                 timeout_s=job.cluster.startup_timeout_s)
         return cls(group, model_dir=model_dir, version=version,
-                   startup_timeout_s=job.engine.startup_timeout_s, run_dir=run_dir)
+                   startup_timeout_s=job.engine.startup_timeout_s, run_dir=run_dir,
+                   connections=connections)
 
     @property
     def url(self) -> str:
@@ -95,7 +97,8 @@ class RayEngines:
             raise ChildDied(f"engine replica {index} could not be restarted:\n"
                             f"{_failure_text([status])}")
         self.urls[index] = status["url"]
-        client = engine_client(status["url"], initial_version=int(version))
+        client = engine_client(status["url"], initial_version=int(version),
+                               max_connections=self.connections)
         await client.wait_ready(self.startup_timeout_s)
         return client
 

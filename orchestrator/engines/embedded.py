@@ -139,8 +139,12 @@ CLIENTS: dict[str, type[HttpEngineClient]] = {EmbeddedEngineClient.kind: Embedde
                                              VllmEngineClient.kind: VllmEngineClient}
 
 
+DEFAULT_CONNECTIONS = 256  # a client's connections when not told (a job: JobConfig.engine_connections)
+
+
 def engine_client(base_url: str, *, kind: EngineKind = "embedded", model: str | None = None,
-                  timeouts: EngineTimeouts | None = None, max_connections: int = 256,
+                  timeouts: EngineTimeouts | None = None,
+                  max_connections: int = DEFAULT_CONNECTIONS,
                   retries: int = 3, retry_backoff_s: float = 0.2, ignore_eos: bool = False,
                   initial_version: int = 0, transport: httpx.AsyncBaseTransport | None = None
                   ) -> HttpEngineClient:

@@ -36,7 +36,7 @@ from config.job import JobConfig
 from core.children import Child
 from core.engine_api import EngineClient
 from core.log import get_logger
-from orchestrator.engines.embedded import engine_client
+from orchestrator.engines.embedded import DEFAULT_CONNECTIONS, engine_client
 from orchestrator.engines.launch import (
     engine_ready,
     hold_checkpoint,
@@ -100,7 +100,7 @@ class LocalReplicas:
             self._starting.remove(forked)
         self.processes[index] = process
         log.info("engine replica restarted", replica=index, url=process.url, version=version)
-        client = engine_client(process.url, initial_version=version)
+        client = _client(self.cfg, process.url, version)
         await client.wait_ready(self.cfg.startup_timeout_s)
         return client
 
@@ -111,6 +111,13 @@ class LocalReplicas:
             process.stop()
         for hold in self.run_dir.glob("engine-r*-weights"):
             shutil.rmtree(hold, ignore_errors=True)
+
+
+def _client(cfg: EngineConfig, url: str, version: int) -> EngineClient:
+    """A client for one of the job's engines: `engine.max_connections` connections to it (the
+    job sets that: `JobConfig.engine_connections`)."""
+    return engine_client(url, kind=cfg.kind, initial_version=version,
+                         max_connections=cfg.max_connections or DEFAULT_CONNECTIONS)
 
 
 def _start_one(job: JobConfig, model_dir: Path, version: int, run_dir: Path) -> Child:
@@ -141,13 +148,14 @@ class EngineFleet:
               run_id: str) -> "EngineFleet":
         """Start the engines the topology needs, serving `model_dir` as `version` (blocking,
         from the main thread, so every process started here dies with the job)."""
-        cfg = job.engine
+        cfg = job.engine.model_copy(update={"max_connections": job.engine_connections()})
         if cfg.url is not None or cfg.urls:
             return cls(cfg, version=version)
         if job.cluster.backend == "ray":
             from orchestrator.cluster.roles import RayEngines
 
-            engines = RayEngines.place(job, model_dir, version, run_dir, run_id)
+            engines = RayEngines.place(job, model_dir, version, run_dir, run_id,
+                                       connections=cfg.max_connections)
             log.info("engine replicas placed", urls=engines.urls)
             return cls(cfg, version=version, replicas=engines)
         if cfg.replicas == 1:
@@ -163,9 +171,9 @@ class EngineFleet:
                 self.replicas.urls if self.replicas is not None else
                 [self.cfg.url] if self.cfg.url is not None else list(self.cfg.urls))
         if self.cfg.replica_count == 1:  # one engine: its own client, no router
-            return engine_client(urls[0], kind=self.cfg.kind, initial_version=self.version)
+            return _client(self.cfg, urls[0], self.version)
         return ReplicaRouter(
-            [engine_client(u, kind=self.cfg.kind, initial_version=self.version) for u in urls],
+            [_client(self.cfg, u, self.version) for u in urls],
             restart=self.replicas.restart if self.replicas is not None else None,
             max_restarts=self.cfg.replica_max_restarts,
             health_interval_s=self.cfg.replica_health_interval_s,

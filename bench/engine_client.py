@@ -66,6 +66,7 @@ from core.engine_api import (  # noqa: E402
 from core.records import FLOAT32, INT32, SampledTokens  # noqa: E402
 from orchestrator.engines.embedded import engine_client  # noqa: E402
 from orchestrator.engines.scripted import LatencyModel, ScriptedEngine, ScriptedTurn  # noqa: E402
+from orchestrator.engines.vllm_stream import completion_chunks  # noqa: E402
 from orchestrator.pipeline import tune_gc_for_concurrency  # noqa: E402
 
 
@@ -106,7 +107,8 @@ def serve(fd: int, args: argparse.Namespace) -> None:
     async def info(request: Request) -> JSONResponse:
         return JSONResponse({"model": "bench"})
 
-    events = completion_events(result.tokens)
+    events = completion_chunks(result.tokens, request_id="bench", model="bench",
+                               finish_reason="stop", prompt_tokens=0)
     usage_and_done = completion_event(events[-1]) + b"data: [DONE]\n\n"
     token_events = [completion_event(event) for event in events[:-1]]
     writes = max(1, min(args.stream_writes, len(token_events)))
@@ -138,30 +140,6 @@ def serve(fd: int, args: argparse.Namespace) -> None:
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                            backlog=4096, timeout_keep_alive=60))
     server.run(sockets=[socket.socket(fileno=fd)])
-
-
-def completion_events(tokens: SampledTokens) -> list[dict]:
-    """vLLM's streamed `/v1/completions` chunks for `tokens` (`return_tokens_as_token_ids`,
-    `logprobs` 0), then the usage chunk `stream_options.include_usage` adds."""
-    events = []
-    for i, (token, logprob) in enumerate(zip(tokens.token_ids.tolist(),
-                                             tokens.sampler_logprobs.tolist())):
-        label = f"token_id:{token}"
-        events.append({
-            "id": "cmpl-bench", "object": "text_completion", "created": 1780000000,
-            "model": "bench", "choices": [{
-                "index": 0, "text": f"t{token}",
-                "logprobs": {"text_offset": [i], "token_logprobs": [logprob],
-                             "tokens": [label], "top_logprobs": [{label: logprob}]},
-                "finish_reason": "stop" if i == len(tokens) - 1 else None,
-                "stop_reason": None}],
-            "usage": None})
-    events.append({"id": "cmpl-bench", "object": "text_completion", "created": 1780000000,
-                   "model": "bench", "choices": [],
-                   "usage": {"prompt_tokens": 0, "total_tokens": len(tokens),
-                             "completion_tokens": len(tokens),
-                             "prompt_tokens_details": {"cached_tokens": 0}}})
-    return events
 
 
 def completion_event(event: dict) -> bytes:

@@ -2,8 +2,11 @@
 
 `completion_body` asks for exactly what the agent loop needs: a token-id prompt, the sampled
 tokens as ids (`return_tokens_as_token_ids`), their log-probs with an optional top-k, and the
-usage block (prompt and cached-prompt token counts). `CompletionStream` collects the chunks of
-one request. vLLM reports no versions or times, so they are attributed as the client sees them
+usage block (prompt and cached-prompt token counts); it names the request (`request_id`, which
+vLLM's logs and its reply ids carry) and the trajectory's session (`session_id`, which vLLM
+puts on the KV-cache events it publishes, for a KV-aware router). `CompletionStream` collects
+the chunks of one request; `completion_chunks` writes the chunks vLLM streams for given tokens
+(for servers that stand in for vLLM: benchmarks, tests). vLLM reports no versions or times, so they are attributed as the client sees them
 (the rules are in `orchestrator.engines.vllm`): a token's weights version is the client's
 version when the chunk arrived; its KV version is the version at the request's start, raised by
 every `recompute` update since; its time offset is its arrival time. No torch here.
@@ -12,6 +15,7 @@ every `recompute` update since; its time offset is its arrival time. No torch he
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import numpy as np
@@ -24,7 +28,8 @@ VLLM_LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this in JSON
 
 def completion_body(request: GenerateRequest, model: str, ignore_eos: bool) -> dict:
     params = request.params
-    return {"model": model, "prompt": list(map(int, request.prompt_token_ids)),
+    session = {"session_id": request.session_id} if request.session_id else {}
+    return {"model": model, "request_id": uuid.uuid4().hex, **session, "prompt": list(map(int, request.prompt_token_ids)),
             "max_tokens": params.max_tokens, "min_tokens": params.min_tokens,
             "temperature": params.temperature, "top_p": params.top_p,
             "top_k": params.top_k if params.top_k > 0 else -1, "seed": params.seed,
@@ -103,3 +108,29 @@ class CompletionStream:
             extra = dict(topk_ids=np.asarray(self.topk_ids, np.int32).reshape(-1, self.topk),
                          topk_logprobs=np.asarray(self.topk_lps, np.float32).reshape(-1, self.topk))
         return SampledTokens(self.ids, self.logprobs, self.weights, self.kvs, self.offsets, **extra)
+
+
+def completion_chunks(tokens: SampledTokens, *, request_id: str, model: str,
+                      finish_reason: str, prompt_tokens: int,
+                      cached_prompt_tokens: int = 0) -> list[dict]:
+    """The chunks `vllm serve` streams for `tokens` of a request `completion_body` made with
+    `logprobs = 0` (one per token, `return_tokens_as_token_ids`), then the usage chunk
+    (`stream_options.include_usage`): what `CompletionStream` reads."""
+    head = {"id": f"cmpl-{request_id}", "object": "text_completion", "created": 1780000000,
+            "model": model}
+    chunks = []
+    last = len(tokens) - 1
+    for i, (token, logprob) in enumerate(zip(tokens.token_ids.tolist(),
+                                             tokens.sampler_logprobs.tolist())):
+        label = f"token_id:{token}"
+        chunks.append({**head, "choices": [{
+            "index": 0, "text": f"t{token}",
+            "logprobs": {"text_offset": [i], "token_logprobs": [logprob], "tokens": [label],
+                         "top_logprobs": [{label: logprob}]},
+            "finish_reason": finish_reason if i == last else None, "stop_reason": None}],
+            "usage": None})
+    chunks.append({**head, "choices": [], "usage": {
+        "prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + len(tokens),
+        "completion_tokens": len(tokens),
+        "prompt_tokens_details": {"cached_tokens": cached_prompt_tokens}}})
+    return chunks

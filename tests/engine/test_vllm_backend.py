@@ -26,6 +26,7 @@ Contracts:
 
 from __future__ import annotations
 
+import json
 import shutil
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -370,3 +371,18 @@ def test_cancelling_a_generate_aborts_it_in_vllm(served):
                                                       weights_version=served.version))
 
     anyio.run(main)
+
+
+def test_a_request_names_itself_and_its_trajectorys_session_to_vllm(served):
+    """vLLM takes the client's `request_id` (its reply's id is `cmpl-` + it, and its logs use
+    it) and the trajectory's `session_id` (which it puts on its KV-cache events)."""
+    from orchestrator.engines.vllm_stream import completion_body
+
+    body = completion_body(GenerateRequest(PROMPTS[0], SamplingParams(max_tokens=3),
+                                           session_id="traj-41/0"), "smollm2", True)
+    assert body["session_id"] == "traj-41/0" and len(body["request_id"]) == 32
+    with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=120) as reply:
+        assert reply.status_code == 200, reply.read()
+        ids = {json.loads(line[len("data: "):])["id"] for line in reply.iter_lines()
+               if line.startswith("data: {")}
+    assert ids == {f"cmpl-{body['request_id']}"}

@@ -36,6 +36,7 @@ from orchestrator.engines.embedded import (
     engine_client,
 )
 from orchestrator.engines.http import EngineTimeouts
+from orchestrator.engines.vllm_stream import completion_chunks
 
 URL = "http://engine.test"
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -270,6 +271,38 @@ def test_the_vllm_client_reads_a_streamed_completion():
     assert tokens.topk_ids.tolist() == [[7, 3], [8, -1]]
     assert np.isneginf(tokens.topk_logprobs[:, 1]).all()
     assert result.engine_id == "vllm@http://engine.test"
+
+
+def test_a_vllm_request_names_itself_and_its_session_and_reads_vllms_chunks_back():
+    """Each call has a request id of its own and, when the request has one, the trajectory's
+    session; the chunks `completion_chunks` writes (what the benches' stand-ins for vLLM
+    stream) read back as the tokens they were made of."""
+    tokens = SampledTokens([7, 8, 9], [-0.25, -1.5, -0.125], [0, 0, 0], [0, 0, 0],
+                           [0.0, 0.0, 0.0])
+    bodies = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny", "max_model_len": 64}]})
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, content=sse(*completion_chunks(
+            tokens, request_id=bodies[-1]["request_id"], model="tiny", finish_reason="stop",
+            prompt_tokens=2, cached_prompt_tokens=1)),
+            headers={"content-type": "text/event-stream"})
+
+    async def calls(engine):
+        return [await engine.generate(GenerateRequest([1, 2], SamplingParams(max_tokens=3),
+                                                      session_id=session))
+                for session in ("t/0", "t/0", None)]
+
+    results = run("vllm", handler, calls, initial_version=3)
+    assert [b.get("session_id") for b in bodies] == ["t/0", "t/0", None]
+    assert len({b["request_id"] for b in bodies}) == 3
+    for result in results:
+        assert result.tokens.token_ids.tolist() == [7, 8, 9]
+        assert result.tokens.sampler_logprobs.tolist() == [-0.25, -1.5, -0.125]
+        assert (result.finish_reason, result.prompt_tokens, result.cached_prompt_tokens) == (
+            "stop", 2, 1)
 
 
 def test_every_engine_the_orchestrator_drives_keeps_the_one_client_contract():

@@ -4,7 +4,7 @@
 tokens as ids (`return_tokens_as_token_ids`), their log-probs with an optional top-k, and the
 usage block (prompt and cached-prompt token counts); it names the request (`request_id`, which
 vLLM's logs and its reply ids carry) and the trajectory's session (`session_id`, which vLLM
-puts on the KV-cache events it publishes, for a KV-aware router). `CompletionStream` collects
+puts on the KV-cache events it publishes). `CompletionStream` collects
 the chunks of one request; `completion_chunks` writes the chunks vLLM streams for given tokens
 (for servers that stand in for vLLM: benchmarks, tests). vLLM reports no versions or times, so they are attributed as the client sees them
 (the rules are in `orchestrator.engines.vllm`): a token's weights version is the client's

@@ -34,8 +34,15 @@ orchestrator process: its own CPU per turn holds the engine client (the request,
 exchange, the reply's decoding) and not the fake engine's work; the child's CPU per turn is
 printed beside it.
 
+`--engine vllm` is the same with vLLM's route instead: the child streams each reply as
+`vllm serve` does (`/v1/completions`, one server-sent event per token in 8 writes spread over
+the call's latency, then the usage event), answers the weight-update routes a job's vLLM
+client calls (pause, `collective_rpc`, prefix-cache reset, resume) at once, and finds each
+trajectory by the session id the client sends; the pipeline drives it through the job's
+`VllmEngineClient`, with drain updates as a job on vLLM has them (vLLM cannot pin versions).
+
     .venv/bin/python bench/orchestrator.py [--in-flight 1000] [--seconds 20] [--db URL]
-    .venv/bin/python bench/orchestrator.py --engine http [--in-flight 1000] [--db URL]
+    .venv/bin/python bench/orchestrator.py --engine http|vllm [--in-flight 1000] [--db URL]
     .venv/bin/python bench/orchestrator.py --in-flight 10000 --replicas 8 [--db URL]
     .venv/bin/python bench/orchestrator.py --replicas 1,2,4 --slots 16 [--seconds 10]
 """
@@ -89,6 +96,7 @@ class CountingEngine(FakeEngineClient):
 
     def __init__(self, engine) -> None:
         self.engine, self.calls, self.errors = engine, 0, 0
+        self.kind, self.can_pin = engine.kind, engine.can_pin  # vLLM's client cannot pin
 
     async def generate(self, request):
         try:
@@ -121,12 +129,46 @@ def scripted_engine(script, args) -> ScriptedEngine:
 
 
 def serve_engine(fd: int, args) -> None:
-    """The scripted engine behind the embedded engine's routes, on the inherited listening
-    socket `fd`, until killed. A trajectory's task is read from the store at `args.store_url`
-    (written by the pipeline before the trajectory starts)."""
+    """The scripted engine behind the embedded engine's routes (`--engine http`) or vLLM's
+    (`--engine vllm`), on the inherited listening socket `fd`, until killed. A trajectory's
+    task is read from the store at `args.store_url` (written by the pipeline before the
+    trajectory starts)."""
     import uvicorn
     from sqlalchemy import create_engine, text
     from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    family, chat = bench_family(args.tool_s), bench_chat()
+    store = create_engine(args.store_url)
+    keys: dict[int, str] = {}
+
+    def task_of(trajectory_id: int):
+        if trajectory_id not in keys:
+            with store.connect() as c:
+                keys[trajectory_id] = c.execute(text(
+                    "SELECT ti.key FROM trajectories t JOIN task_instances ti "
+                    "ON ti.id = t.task_instance_id WHERE t.id = :id"),
+                    {"id": trajectory_id}).scalar_one()
+        return family.by_key(keys[trajectory_id])
+
+    script = DemoScript(task_of, family, chat, correct_fraction=0.5)
+
+    async def health(request) -> Response:
+        return Response(status_code=200)
+
+    if args.engine == "vllm":
+        return serve_vllm(fd, script, args)
+    app = Starlette(routes=[*embedded_routes(scripted_engine(script, args), keys),
+                            Route("/health", health, methods=["GET"])])
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                           backlog=4096, timeout_keep_alive=60))
+    server.run(sockets=[socket.socket(fileno=fd)])
+
+
+def embedded_routes(engine: ScriptedEngine, keys: dict[int, str]) -> list:
+    """The embedded engine's generate, session-release, weight-update and info routes over
+    `engine`; a released session's task key is forgotten."""
     from starlette.requests import Request
     from starlette.responses import JSONResponse
     from starlette.routing import Route
@@ -143,21 +185,6 @@ def serve_engine(fd: int, args) -> None:
         UpdateWeightsReply,
         encode_generate_reply,
     )
-
-    family, chat = bench_family(args.tool_s), bench_chat()
-    store = create_engine(args.store_url)
-    keys: dict[int, str] = {}
-
-    def task_of(trajectory_id: int):
-        if trajectory_id not in keys:
-            with store.connect() as c:
-                keys[trajectory_id] = c.execute(text(
-                    "SELECT ti.key FROM trajectories t JOIN task_instances ti "
-                    "ON ti.id = t.task_instance_id WHERE t.id = :id"),
-                    {"id": trajectory_id}).scalar_one()
-        return family.by_key(keys[trajectory_id])
-
-    engine = scripted_engine(DemoScript(task_of, family, chat, correct_fraction=0.5), args)
 
     async def generate(request: Request) -> JSONResponse:
         body = GenerateBody.model_validate_json(await request.body())
@@ -189,13 +216,83 @@ def serve_engine(fd: int, args) -> None:
     async def info(request: Request) -> JSONResponse:
         return JSONResponse({"model": "bench"})
 
-    app = Starlette(routes=[Route(GENERATE_ROUTE, generate, methods=["POST"]),
-                            Route(RELEASE_SESSION_ROUTE, release, methods=["POST"]),
-                            Route(UPDATE_WEIGHTS_ROUTE, update, methods=["POST"]),
-                            Route(INFO_ROUTE, info, methods=["GET"])])
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                           backlog=4096, timeout_keep_alive=60))
-    server.run(sockets=[socket.socket(fileno=fd)])
+    return [Route(GENERATE_ROUTE, generate, methods=["POST"]),
+            Route(RELEASE_SESSION_ROUTE, release, methods=["POST"]),
+            Route(UPDATE_WEIGHTS_ROUTE, update, methods=["POST"]),
+            Route(INFO_ROUTE, info, methods=["GET"])]
+
+
+def serve_vllm(fd: int, script: DemoScript, args, writes: int = 8) -> None:
+    """What a job's vLLM client needs of `vllm serve`, on the listening socket `fd`: the model
+    card, `/v1/completions` streamed (the scripted reply's token events in `writes` chunks
+    spread over a lognormal latency of median `args.engine_s`, then the usage event and
+    `[DONE]`), and 200 for everything else (health, and the weight-update routes: pause,
+    `collective_rpc`, prefix-cache reset, resume). Plain asyncio streams rather than a web
+    framework: the stand-in must keep up with the orchestrator on one core."""
+    import asyncio
+    import json
+    import math
+    import random
+
+    from pydantic_core import to_json
+
+    from core.engine_api import GenerateRequest, SamplingParams
+    from orchestrator.engines.vllm_stream import completion_chunks
+
+    engine = ScriptedEngine(script, keep_requests=False)  # no latency: the stream spreads it
+    draws = random.Random(1)
+    card = b'{"object": "list", "data": [{"id": "bench", "max_model_len": 1048576}]}'
+
+    def chunk(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    async def complete(body: dict, writer: asyncio.StreamWriter) -> None:
+        result = await engine.generate(GenerateRequest(
+            body["prompt"], SamplingParams(max_tokens=body["max_tokens"],
+                                           stop_token_ids=tuple(body["stop_token_ids"])),
+            session_id=body.get("session_id")))
+        events = [b"data: " + to_json(c) + b"\n\n" for c in completion_chunks(
+            result.tokens, request_id=body["request_id"], model="bench",
+            finish_reason=result.finish_reason, prompt_tokens=result.prompt_tokens,
+            cached_prompt_tokens=result.cached_prompt_tokens)]
+        tokens, last = events[:-1], events[-1] + b"data: [DONE]\n\n"
+        parts = max(1, min(writes, len(tokens)))
+        bounds = [len(tokens) * i // parts for i in range(parts + 1)]
+        pause = args.engine_s * math.exp(draws.gauss(0.0, 0.3)) / parts
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n")
+        for start, stop in zip(bounds, bounds[1:]):
+            await asyncio.sleep(pause)
+            writer.write(chunk(b"".join(tokens[start:stop])))
+        writer.write(chunk(last) + b"0\r\n\r\n")
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line[:15].lower() == b"content-length:":
+                        length = int(line[15:])
+                body = await reader.readexactly(length)
+                path = head.split(b" ", 2)[1]
+                if path == b"/v1/completions":
+                    await complete(json.loads(body), writer)
+                else:
+                    reply = card if path == b"/v1/models" else b"{}"
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\n\r\n%s" % (len(reply), reply))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client closed the connection (a cancelled call, or the end)
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, sock=socket.socket(fileno=fd))
+        await server.serve_forever()
+
+    asyncio.run(main())
 
 
 @asynccontextmanager
@@ -206,20 +303,15 @@ async def served_engine(args, store: Store):
     child = subprocess.Popen(
         [sys.executable, __file__, "--serve-fd", str(listener.fileno()),
          "--store-url", store.engine.url.render_as_string(hide_password=False),
-         "--engine-s", str(args.engine_s), "--tool-s", str(args.tool_s)]
+         "--engine-s", str(args.engine_s), "--tool-s", str(args.tool_s),
+         "--engine", args.engine]
         + (["--serve-cpu", str(args.serve_cpu)] if args.serve_cpu is not None else []),
         pass_fds=[listener.fileno()])
     try:
         url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-        async with engine_client(url, kind="embedded",
-                                 max_connections=args.concurrent) as client:
-            with anyio.fail_after(60):
-                while True:
-                    try:
-                        await client.http.call("GET", INFO_ROUTE)
-                        break
-                    except EngineError:
-                        await anyio.sleep(0.2)
+        kind = "vllm" if args.engine == "vllm" else "embedded"
+        async with engine_client(url, kind=kind, max_connections=args.concurrent) as client:
+            await client.wait_ready(60)
             yield client, child.pid
     finally:
         child.kill()
@@ -301,7 +393,7 @@ async def measure_on(args, store: Store, replicas: int | None) -> dict:
     router = replica_engine(script, args, replicas) if replicas else None
     async with AsyncExitStack() as stack:
         served, child = None, None
-        if args.engine == "http":
+        if args.engine in ("http", "vllm"):
             served, child = await stack.enter_async_context(served_engine(args, store))
         engine = CountingEngine(router or served or scripted_engine(script, args))
         result = await run_pipeline(args, store, cfg, family, chat, engine, child, pipelines)
@@ -372,9 +464,10 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=0,
                         help="requests one replica serves at once (with --replicas; default: "
                              "enough for every trajectory in flight)")
-    parser.add_argument("--engine", choices=("scripted", "http"), default="scripted",
+    parser.add_argument("--engine", choices=("scripted", "http", "vllm"), default="scripted",
                         help="scripted: the engine in this process; http: in a child process, "
-                             "reached through a job's engine client")
+                             "reached through a job's engine client; vllm: the same behind "
+                             "vLLM's streamed route, through a job's vLLM client")
     parser.add_argument("--serve-fd", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--serve-cpu", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--store-url", default=None, help=argparse.SUPPRESS)
@@ -397,15 +490,18 @@ def main() -> None:
         return replica_table(args, [int(n) for n in args.replicas.split(",")])
     with tempfile.TemporaryDirectory() as directory:
         result = anyio.run(measure, args, directory)
-    where = ("the scripted engine in this process" if args.engine == "scripted" else
-             "the scripted engine in a child process over HTTP (the embedded engine's routes)")
+    where = {"scripted": "the scripted engine in this process",
+             "http": "the scripted engine in a child process over HTTP (the embedded engine's "
+                     "routes)",
+             "vllm": "the scripted engine in a child process behind vLLM's streamed route, "
+                     "through a job's vLLM client"}[args.engine]
     print(f"orchestrator benchmark: {args.concurrent} trajectories in flight (peak "
           f"{result['peak_in_flight']}), one core, model call {args.engine_s} s, tool median "
           f"{args.tool_s} s, store {result['dialect']}, {where}")
     print(f"  agent turns/s        {result['turns_per_s']:,.0f}   (target >= 2,000)")
     print(f"  trajectories/s       {result['trajectories_per_s']:,.1f}")
     print(f"  CPU ms per turn      {result['cpu_ms_per_turn']:.3f}")
-    if args.engine == "http":
+    if args.engine != "scripted":
         print(f"  engine CPU ms/turn   {result['engine_cpu_ms_per_turn']:.3f}   (the child "
               f"process, on the other core; not in the figure above)")
     print(f"  CPU busy             {100 * result['cpu_share']:.0f}% of one core")

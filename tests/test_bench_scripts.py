@@ -58,14 +58,17 @@ def test_a_benchmark_script_runs_and_prints_its_figure(name):
 
 
 @pytest.mark.slow
-def test_the_orchestrator_benchmark_reaches_a_served_engine_through_a_jobs_client():
-    """`--engine http`: the scripted engine in a child process, found by the job's engine
-    client; every call answered (the child finds each trajectory's task in the store)."""
-    done = run_bench("orchestrator", ["--engine", "http", "--concurrent", "20", "--seconds",
+@pytest.mark.parametrize("engine, where", [("http", "in a child process over HTTP"),
+                                           ("vllm", "behind vLLM's streamed route")])
+def test_the_orchestrator_benchmark_reaches_a_served_engine_through_a_jobs_client(engine, where):
+    """`--engine http|vllm`: the scripted engine in a child process, found by the job's engine
+    client (the embedded one, or vLLM's); every call answered (the child finds each
+    trajectory's task in the store: by the session the request names)."""
+    done = run_bench("orchestrator", ["--engine", engine, "--concurrent", "20", "--seconds",
                                       "2", "--warmup", "1"], cwd=BENCH.parent)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
-    assert "in a child process over HTTP" in done.stdout and "engine CPU ms/turn" in done.stdout
+    assert where in done.stdout and "engine CPU ms/turn" in done.stdout
     figures = {line[:23].strip(): line[23:].split()[0]  # "  name (padded)  value  (note)"
                for line in done.stdout.splitlines() if line.startswith("  ")}
     assert figures["engine errors"] == "0", output[-4000:]

@@ -95,9 +95,9 @@ class VllmEngineClient(HttpEngineClient):
             raise EngineError(f"request pinned to weights version {request.weights_version} "
                               f"cannot be served by the {self.http.where('')}: {VLLM_CANNOT_PIN}")
         # pydantic's serialiser writes the body (a long prompt of ids) several times faster
-        # than json.dumps
+        # than json.dumps; `fallback=int` writes numpy ints, which it does not know
         body = pydantic_core.to_json(
-            completion_body(request, await self.model_name(), self.ignore_eos))
+            completion_body(request, await self.model_name(), self.ignore_eos), fallback=int)
         unavailable_since: float | None = None
         while True:
             stream = CompletionStream(request.params.logprobs_topk, self._version,

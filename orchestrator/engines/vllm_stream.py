@@ -27,9 +27,14 @@ VLLM_LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this in JSON
 
 
 def completion_body(request: GenerateRequest, model: str, ignore_eos: bool) -> dict:
+    """The request's body; its prompt is the request's own list of ids, not a copy (write it
+    with `pydantic_core.to_json(body, fallback=int)`, which writes numpy ints too)."""
     params = request.params
     session = {"session_id": request.session_id} if request.session_id else {}
-    return {"model": model, "request_id": uuid.uuid4().hex, **session, "prompt": list(map(int, request.prompt_token_ids)),
+    ids = request.prompt_token_ids
+    prompt = (ids.tolist() if isinstance(ids, np.ndarray) else
+              ids if isinstance(ids, (list, tuple)) else list(ids))
+    return {"model": model, "request_id": uuid.uuid4().hex, **session, "prompt": prompt,
             "max_tokens": params.max_tokens, "min_tokens": params.min_tokens,
             "temperature": params.temperature, "top_p": params.top_p,
             "top_k": params.top_k if params.top_k > 0 else -1, "seed": params.seed,

@@ -290,14 +290,17 @@ def test_a_vllm_request_names_itself_and_its_session_and_reads_vllms_chunks_back
             prompt_tokens=2, cached_prompt_tokens=1)),
             headers={"content-type": "text/event-stream"})
 
+    prompts = ([1, 2], np.array([1, 2]), [np.int64(1), np.int32(2)])  # numpy ids written too
+
     async def calls(engine):
-        return [await engine.generate(GenerateRequest([1, 2], SamplingParams(max_tokens=3),
+        return [await engine.generate(GenerateRequest(prompt, SamplingParams(max_tokens=3),
                                                       session_id=session))
-                for session in ("t/0", "t/0", None)]
+                for prompt, session in zip(prompts, ("t/0", "t/0", None))]
 
     results = run("vllm", handler, calls, initial_version=3)
     assert [b.get("session_id") for b in bodies] == ["t/0", "t/0", None]
     assert len({b["request_id"] for b in bodies}) == 3
+    assert [b["prompt"] for b in bodies] == [[1, 2]] * 3
     for result in results:
         assert result.tokens.token_ids.tolist() == [7, 8, 9]
         assert result.tokens.sampler_logprobs.tolist() == [-0.25, -1.5, -0.125]

@@ -4,18 +4,19 @@
 tokens as ids (`return_tokens_as_token_ids`), their log-probs with an optional top-k, and the
 usage block (prompt and cached-prompt token counts); it names the request (`request_id`, which
 vLLM's logs and its reply ids carry) and the trajectory's session (`session_id`, which vLLM
-puts on the KV-cache events it publishes). `CompletionStream` collects
-the chunks of one request; `completion_chunks` writes the chunks vLLM streams for given tokens
-(for servers that stand in for vLLM: benchmarks, tests). vLLM reports no versions or times, so they are attributed as the client sees them
-(the rules are in `orchestrator.engines.vllm`): a token's weights version is the client's
-version when the chunk arrived; its KV version is the version at the request's start, raised by
-every `recompute` update since; its time offset is its arrival time. No torch here.
+puts on the KV-cache events it publishes). `CompletionStream` collects the chunks of one
+request; `completion_chunks` writes the chunks vLLM streams for given tokens (for servers that
+stand in for vLLM: benchmarks, tests). vLLM reports no versions or times, so they are
+attributed as the client sees them (the rules are in `orchestrator.engines.vllm`): a token's
+weights version is the client's version when the chunk arrived; its KV version is the version
+at the request's start, raised by every `recompute` update since; its time offset is its
+arrival time. No torch here.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
+import secrets
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ def completion_body(request: GenerateRequest, model: str, ignore_eos: bool) -> d
     ids = request.prompt_token_ids
     prompt = (ids.tolist() if isinstance(ids, np.ndarray) else
               ids if isinstance(ids, (list, tuple)) else list(ids))
-    return {"model": model, "request_id": uuid.uuid4().hex, **session, "prompt": prompt,
+    return {"model": model, "request_id": secrets.token_hex(16), **session, "prompt": prompt,
             "max_tokens": params.max_tokens, "min_tokens": params.min_tokens,
             "temperature": params.temperature, "top_p": params.top_p,
             "top_k": params.top_k if params.top_k > 0 else -1, "seed": params.seed,

@@ -70,13 +70,17 @@ class CompletionStream:
         self.finish_reason: Any = None
         self.prompt_tokens = 0
         self.cached_tokens = 0
+        self._kv, self._log_read = start_version, log_start
 
     def _kv_floor(self, update_log: list[tuple[int, str]]) -> int:
-        floor = self.start_version
-        for version, policy in update_log[self.log_start:]:
-            if policy == "recompute":
-                floor = version
-        return floor
+        """The version at the request's start, raised by every `recompute` update since (the
+        log is read again only when it grew)."""
+        if len(update_log) != self._log_read:
+            for version, policy in update_log[self._log_read:]:
+                if policy == "recompute":
+                    self._kv = version
+            self._log_read = len(update_log)
+        return self._kv
 
     def add_chunk(self, chunk: dict, version: int, update_log: list[tuple[int, str]]) -> None:
         usage = chunk.get("usage")
@@ -91,7 +95,8 @@ class CompletionStream:
                 kv = min(self._kv_floor(update_log), version)
                 tops = block.get("top_logprobs") or [None] * len(block["tokens"])
                 for label, logprob, top in zip(block["tokens"], block["token_logprobs"], tops):
-                    self.ids.append(token_id(label))
+                    self.ids.append(int(label[9:]) if label[:9] == "token_id:" else
+                                    token_id(label))  # the error
                     self.logprobs.append(float(logprob))
                     self.weights.append(version)
                     self.kvs.append(kv)

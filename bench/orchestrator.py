@@ -57,6 +57,7 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse  # noqa: E402
+import asyncio  # noqa: E402
 import os  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
@@ -64,7 +65,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager  # noqa: E402
-from typing import Iterator  # noqa: E402
+from typing import Awaitable, Callable, Iterator  # noqa: E402
 
 import anyio  # noqa: E402
 
@@ -133,11 +134,7 @@ def serve_engine(fd: int, args) -> None:
     (`--engine vllm`), on the inherited listening socket `fd`, until killed. A trajectory's
     task is read from the store at `args.store_url` (written by the pipeline before the
     trajectory starts)."""
-    import uvicorn
     from sqlalchemy import create_engine, text
-    from starlette.applications import Starlette
-    from starlette.responses import Response
-    from starlette.routing import Route
 
     family, chat = bench_family(args.tool_s), bench_chat()
     store = create_engine(args.store_url)
@@ -153,25 +150,58 @@ def serve_engine(fd: int, args) -> None:
         return family.by_key(keys[trajectory_id])
 
     script = DemoScript(task_of, family, chat, correct_fraction=0.5)
-
-    async def health(request) -> Response:
-        return Response(status_code=200)
-
-    if args.engine == "vllm":
-        return serve_vllm(fd, script, args)
-    app = Starlette(routes=[*embedded_routes(scripted_engine(script, args), keys),
-                            Route("/health", health, methods=["GET"])])
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                           backlog=4096, timeout_keep_alive=60))
-    server.run(sockets=[socket.socket(fileno=fd)])
+    serve_routes(fd, vllm_routes(script, args) if args.engine == "vllm" else
+                 embedded_routes(scripted_engine(script, args), keys))
 
 
-def embedded_routes(engine: ScriptedEngine, keys: dict[int, str]) -> list:
-    """The embedded engine's generate, session-release, weight-update and info routes over
-    `engine`; a released session's task key is forgotten."""
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse
-    from starlette.routing import Route
+# A route's handler: the request's body and the connection's writer -> the JSON body of a 200
+# reply, or None when it wrote its reply itself (a stream).
+Handler = Callable[[bytes, "asyncio.StreamWriter"], Awaitable["bytes | None"]]
+
+
+def serve_routes(fd: int, routes: dict[bytes, Handler]) -> None:
+    """HTTP/1.1 on the listening socket `fd` with `routes` (by path, without the query), kept
+    alive; 404 for any other path. Plain asyncio streams rather than a web framework: a
+    stand-in engine must keep up with the orchestrator on one core (behind Starlette and
+    uvicorn, the vLLM stand-in spent 1.9 ms of its core a call)."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line[:15].lower() == b"content-length:":
+                        length = int(line[15:])
+                body = await reader.readexactly(length)
+                handler = routes.get(head.split(b" ", 2)[1].split(b"?", 1)[0])
+                reply = b'{"detail": "no such route"}' if handler is None else \
+                    await handler(body, writer)
+                if reply is not None:
+                    writer.write(b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\n\r\n%s"
+                                 % (b"404 Not Found" if handler is None else b"200 OK",
+                                    len(reply), reply))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client closed the connection (a cancelled call, or the end)
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, sock=socket.socket(fileno=fd))
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+async def ok(body: bytes, writer: asyncio.StreamWriter) -> bytes:
+    return b"{}"
+
+
+def embedded_routes(engine: ScriptedEngine, keys: dict[int, str]) -> dict[bytes, Handler]:
+    """The embedded engine's generate, session-release, weight-update, info and health routes
+    over `engine`; a released session's task key is forgotten."""
+    from pydantic_core import to_json
 
     from core.engine_api import (
         GENERATE_ROUTE,
@@ -186,50 +216,46 @@ def embedded_routes(engine: ScriptedEngine, keys: dict[int, str]) -> list:
         encode_generate_reply,
     )
 
-    async def generate(request: Request) -> JSONResponse:
-        body = GenerateBody.model_validate_json(await request.body())
+    async def generate(raw: bytes, writer: asyncio.StreamWriter) -> bytes:
+        body = GenerateBody.model_validate_json(raw)
         result = await engine.generate(GenerateRequest(
             body.prompt_token_ids, body.params, session_id=body.session_id,
             weights_version=body.weights_version))
-        return JSONResponse(encode_generate_reply(result, request_id=body.request_id or ""))
+        return to_json(encode_generate_reply(result, request_id=body.request_id or ""))
 
-    async def release(request: Request) -> JSONResponse:
-        body = ReleaseSessionBody.model_validate_json(await request.body())
+    async def release(raw: bytes, writer: asyncio.StreamWriter) -> bytes:
+        body = ReleaseSessionBody.model_validate_json(raw)
         await engine.release_session(body.session_id)
         keys.pop(int(script_key(body.session_id)), None)
-        return JSONResponse(ReleaseSessionReply(session_id=body.session_id,
-                                                released_tokens=0).model_dump(mode="json"))
+        return ReleaseSessionReply(session_id=body.session_id,
+                                   released_tokens=0).model_dump_json().encode()
 
-    async def update(request: Request) -> JSONResponse:
-        body = UpdateWeightsBody.model_validate_json(await request.body())
+    async def update(raw: bytes, writer: asyncio.StreamWriter) -> bytes:
+        body = UpdateWeightsBody.model_validate_json(raw)
         report = await engine.update_weights(body.path, body.version, mode=body.mode,
                                              kv=body.kv)
-        return JSONResponse(UpdateWeightsReply(
+        return UpdateWeightsReply(
             version=report.version, previous_version=report.previous_version, path=body.path,
             mode=report.mode, kv=report.kv, wait_s=report.wait_s, pause_s=report.pause_s,
             in_flight_sequences=report.in_flight_sequences,
             recomputed_tokens=report.recomputed_tokens,
             invalidated_sessions=report.invalidated_sessions,
             already_applied=report.already_applied,
-            resident_versions=report.resident_versions).model_dump(mode="json"))
+            resident_versions=report.resident_versions).model_dump_json().encode()
 
-    async def info(request: Request) -> JSONResponse:
-        return JSONResponse({"model": "bench"})
+    async def info(raw: bytes, writer: asyncio.StreamWriter) -> bytes:
+        return b'{"model": "bench"}'
 
-    return [Route(GENERATE_ROUTE, generate, methods=["POST"]),
-            Route(RELEASE_SESSION_ROUTE, release, methods=["POST"]),
-            Route(UPDATE_WEIGHTS_ROUTE, update, methods=["POST"]),
-            Route(INFO_ROUTE, info, methods=["GET"])]
+    return {GENERATE_ROUTE.encode(): generate, RELEASE_SESSION_ROUTE.encode(): release,
+            UPDATE_WEIGHTS_ROUTE.encode(): update, INFO_ROUTE.encode(): info, b"/health": ok}
 
 
-def serve_vllm(fd: int, script: DemoScript, args, writes: int = 8) -> None:
-    """What a job's vLLM client needs of `vllm serve`, on the listening socket `fd`: the model
-    card, `/v1/completions` streamed (the scripted reply's token events in `writes` chunks
-    spread over a lognormal latency of median `args.engine_s`, then the usage event and
-    `[DONE]`), and 200 for everything else (health, and the weight-update routes: pause,
-    `collective_rpc`, prefix-cache reset, resume). Plain asyncio streams rather than a web
-    framework: the stand-in must keep up with the orchestrator on one core."""
-    import asyncio
+def vllm_routes(script: DemoScript, args, writes: int = 8) -> dict[bytes, Handler]:
+    """What a job's vLLM client needs of `vllm serve`: the model card, `/v1/completions`
+    streamed (the scripted reply's token events in `writes` chunks spread over a lognormal
+    latency of median `args.engine_s`, then the usage event and `[DONE]`), health, and the
+    weight-update routes (pause, `collective_rpc`, prefix-cache reset, resume), answered at
+    once."""
     import json
     import math
     import random
@@ -246,7 +272,8 @@ def serve_vllm(fd: int, script: DemoScript, args, writes: int = 8) -> None:
     def chunk(data: bytes) -> bytes:
         return b"%x\r\n%s\r\n" % (len(data), data)
 
-    async def complete(body: dict, writer: asyncio.StreamWriter) -> None:
+    async def complete(raw: bytes, writer: asyncio.StreamWriter) -> None:
+        body = json.loads(raw)
         result = await engine.generate(GenerateRequest(
             body["prompt"], SamplingParams(max_tokens=body["max_tokens"],
                                            stop_token_ids=tuple(body["stop_token_ids"])),
@@ -265,34 +292,14 @@ def serve_vllm(fd: int, script: DemoScript, args, writes: int = 8) -> None:
             await asyncio.sleep(pause)
             writer.write(chunk(b"".join(tokens[start:stop])))
         writer.write(chunk(last) + b"0\r\n\r\n")
+        return None
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line[:15].lower() == b"content-length:":
-                        length = int(line[15:])
-                body = await reader.readexactly(length)
-                path = head.split(b" ", 2)[1]
-                if path == b"/v1/completions":
-                    await complete(json.loads(body), writer)
-                else:
-                    reply = card if path == b"/v1/models" else b"{}"
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                                 b"content-length: %d\r\n\r\n%s" % (len(reply), reply))
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the client closed the connection (a cancelled call, or the end)
-        finally:
-            writer.close()
+    async def models(raw: bytes, writer: asyncio.StreamWriter) -> bytes:
+        return card
 
-    async def main() -> None:
-        server = await asyncio.start_server(handle, sock=socket.socket(fileno=fd))
-        await server.serve_forever()
-
-    asyncio.run(main())
+    return {b"/v1/completions": complete, b"/v1/models": models, b"/health": ok,
+            **{path: ok for path in (b"/pause", b"/resume", b"/collective_rpc",
+                                     b"/reset_prefix_cache")}}
 
 
 @asynccontextmanager

@@ -40,7 +40,11 @@ def raise_open_files(needed: int) -> OpenFiles:
     infinity = resource.RLIM_INFINITY
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != infinity and soft < needed:
-        soft = needed if hard == infinity else min(needed, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        target = needed if hard == infinity else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass  # a sandbox that forbids it: the soft limit stays, and `enough` says so
     return OpenFiles(needed=needed, soft=None if soft == infinity else soft,
                      hard=None if hard == infinity else hard)

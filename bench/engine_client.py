@@ -41,7 +41,6 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
@@ -66,7 +65,7 @@ from core.engine_api import (  # noqa: E402
 from core.records import FLOAT32, INT32, SampledTokens  # noqa: E402
 from orchestrator.engines.embedded import engine_client  # noqa: E402
 from orchestrator.engines.scripted import LatencyModel, ScriptedEngine, ScriptedTurn  # noqa: E402
-from orchestrator.engines.vllm_stream import completion_chunks  # noqa: E402
+from orchestrator.engines.vllm_stream import completion_stream  # noqa: E402
 from orchestrator.pipeline import tune_gc_for_concurrency  # noqa: E402
 
 
@@ -107,20 +106,16 @@ def serve(fd: int, args: argparse.Namespace) -> None:
     async def info(request: Request) -> JSONResponse:
         return JSONResponse({"model": "bench"})
 
-    events = completion_chunks(result.tokens, request_id="bench", model="bench",
-                               finish_reason="stop", prompt_tokens=0)
-    usage_and_done = completion_event(events[-1]) + b"data: [DONE]\n\n"
-    token_events = [completion_event(event) for event in events[:-1]]
-    writes = max(1, min(args.stream_writes, len(token_events)))
-    bounds = [len(token_events) * i // writes for i in range(writes + 1)]
-    groups = [b"".join(token_events[a:b]) for a, b in zip(bounds, bounds[1:])]
+    *groups, usage_and_done = completion_stream(
+        result.tokens, writes=args.stream_writes, request_id="bench", model="bench",
+        finish_reason="stop", prompt_tokens=0)
 
     async def completions(request: Request) -> Response:
         try:
             await request.json()
         except ClientDisconnect:
             return Response(status_code=499)
-        pause = args.latency_s * math.exp(draws.gauss(0.0, 0.3)) / writes
+        pause = args.latency_s * math.exp(draws.gauss(0.0, 0.3)) / len(groups)
 
         async def stream() -> AsyncIterator[bytes]:
             for group in groups:
@@ -140,10 +135,6 @@ def serve(fd: int, args: argparse.Namespace) -> None:
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                            backlog=4096, timeout_keep_alive=60))
     server.run(sockets=[socket.socket(fileno=fd)])
-
-
-def completion_event(event: dict) -> bytes:
-    return b"data: " + json.dumps(event, separators=(", ", ": ")).encode() + b"\n\n"
 
 
 # ---- the client side ---------------------------------------------------------------------------

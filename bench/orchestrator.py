@@ -260,10 +260,8 @@ def vllm_routes(script: DemoScript, args, writes: int = 8) -> dict[bytes, Handle
     import math
     import random
 
-    from pydantic_core import to_json
-
     from core.engine_api import GenerateRequest, SamplingParams
-    from orchestrator.engines.vllm_stream import completion_chunks
+    from orchestrator.engines.vllm_stream import completion_stream
 
     engine = ScriptedEngine(script, keep_requests=False)  # no latency: the stream spreads it
     draws = random.Random(1)
@@ -278,19 +276,16 @@ def vllm_routes(script: DemoScript, args, writes: int = 8) -> dict[bytes, Handle
             body["prompt"], SamplingParams(max_tokens=body["max_tokens"],
                                            stop_token_ids=tuple(body["stop_token_ids"])),
             session_id=body.get("session_id")))
-        events = [b"data: " + to_json(c) + b"\n\n" for c in completion_chunks(
-            result.tokens, request_id=body["request_id"], model="bench",
+        *parts, last = completion_stream(
+            result.tokens, writes=writes, request_id=body["request_id"], model="bench",
             finish_reason=result.finish_reason, prompt_tokens=result.prompt_tokens,
-            cached_prompt_tokens=result.cached_prompt_tokens)]
-        tokens, last = events[:-1], events[-1] + b"data: [DONE]\n\n"
-        parts = max(1, min(writes, len(tokens)))
-        bounds = [len(tokens) * i // parts for i in range(parts + 1)]
-        pause = args.engine_s * math.exp(draws.gauss(0.0, 0.3)) / parts
+            cached_prompt_tokens=result.cached_prompt_tokens)
+        pause = args.engine_s * math.exp(draws.gauss(0.0, 0.3)) / len(parts)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                      b"transfer-encoding: chunked\r\n\r\n")
-        for start, stop in zip(bounds, bounds[1:]):
+        for part in parts:
             await asyncio.sleep(pause)
-            writer.write(chunk(b"".join(tokens[start:stop])))
+            writer.write(chunk(part))
         writer.write(chunk(last) + b"0\r\n\r\n")
         return None
 

@@ -5,8 +5,9 @@ tokens as ids (`return_tokens_as_token_ids`), their log-probs with an optional t
 usage block (prompt and cached-prompt token counts); it names the request (`request_id`, which
 vLLM's logs and its reply ids carry) and the trajectory's session (`session_id`, which vLLM
 puts on the KV-cache events it publishes). `CompletionStream` collects the chunks of one
-request; `completion_chunks` writes the chunks vLLM streams for given tokens (for servers that
-stand in for vLLM: benchmarks, tests). vLLM reports no versions or times, so they are
+request; `completion_chunks` writes the chunks vLLM streams for given tokens, and
+`completion_stream` their bytes in a number of writes (for servers that stand in for vLLM:
+benchmarks, tests). vLLM reports no versions or times, so they are
 attributed as the client sees them (the rules are in `orchestrator.engines.vllm`): a token's
 weights version is the client's version when the chunk arrived; its KV version is the version
 at the request's start, raised by every `recompute` update since; its time offset is its
@@ -15,11 +16,12 @@ arrival time. No torch here.
 
 from __future__ import annotations
 
-import time
 import secrets
+import time
 from typing import Any
 
 import numpy as np
+from pydantic_core import to_json
 
 from core.engine_api import EngineError, GenerateRequest
 from core.records import SampledTokens
@@ -57,8 +59,6 @@ class CompletionStream:
 
     def __init__(self, topk: int, start_version: int, log_start: int) -> None:
         self.topk = topk
-        self.start_version = start_version
-        self.log_start = log_start
         self.sent = time.monotonic()
         self.ids: list[int] = []
         self.logprobs: list[float] = []
@@ -96,7 +96,7 @@ class CompletionStream:
                 tops = block.get("top_logprobs") or [None] * len(block["tokens"])
                 for label, logprob, top in zip(block["tokens"], block["token_logprobs"], tops):
                     self.ids.append(int(label[9:]) if label[:9] == "token_id:" else
-                                    token_id(label))  # the error
+                                    token_id(label))  # which raises, naming the label
                     self.logprobs.append(float(logprob))
                     self.weights.append(version)
                     self.kvs.append(kv)
@@ -145,3 +145,16 @@ def completion_chunks(tokens: SampledTokens, *, request_id: str, model: str,
         "completion_tokens": len(tokens),
         "prompt_tokens_details": {"cached_tokens": cached_prompt_tokens}}})
     return chunks
+
+
+def completion_stream(tokens: SampledTokens, *, writes: int, **chunk_args: Any) -> list[bytes]:
+    """The server-sent events of `completion_chunks(tokens, **chunk_args)` as `vllm serve`
+    writes them, in `writes` parts (fewer for fewer tokens) that split the token events evenly,
+    then one more part: the usage event and `[DONE]`."""
+    events = [b"data: " + to_json(chunk) + b"\n\n"
+              for chunk in completion_chunks(tokens, **chunk_args)]
+    token_events, usage = events[:-1], events[-1]
+    parts = max(1, min(writes, len(token_events)))
+    bounds = [len(token_events) * i // parts for i in range(parts + 1)]
+    return ([b"".join(token_events[a:b]) for a, b in zip(bounds, bounds[1:])]
+            + [usage + b"data: [DONE]\n\n"])

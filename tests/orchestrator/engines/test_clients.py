@@ -36,7 +36,7 @@ from orchestrator.engines.embedded import (
     engine_client,
 )
 from orchestrator.engines.http import EngineTimeouts
-from orchestrator.engines.vllm_stream import completion_chunks
+from orchestrator.engines.vllm_stream import completion_chunks, completion_stream
 
 URL = "http://engine.test"
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -306,6 +306,18 @@ def test_a_vllm_request_names_itself_and_its_session_and_reads_vllms_chunks_back
         assert result.tokens.sampler_logprobs.tolist() == [-0.25, -1.5, -0.125]
         assert (result.finish_reason, result.prompt_tokens, result.cached_prompt_tokens) == (
             "stop", 2, 1)
+
+
+def test_a_stand_ins_stream_splits_the_token_events_evenly_and_ends_with_usage_and_done():
+    tokens = SampledTokens(list(range(10)), [-0.5] * 10, [0] * 10, [0] * 10, [0.0] * 10)
+    args = dict(request_id="r", model="tiny", finish_reason="stop", prompt_tokens=4)
+    parts = completion_stream(tokens, writes=4, **args)
+    assert [part.count(b"data: ") for part in parts] == [2, 3, 2, 3, 2]
+    assert parts[-1].endswith(b"data: [DONE]\n\n") and b'"completion_tokens":10' in parts[-1]
+    events = [json.loads(line[len(b"data: "):]) for line in b"".join(parts).split(b"\n\n")
+              if line.startswith(b"data: {")]
+    assert events == completion_chunks(tokens, **args)
+    assert len(completion_stream(tokens, writes=50, **args)) == 11  # one token per write
 
 
 def test_every_engine_the_orchestrator_drives_keeps_the_one_client_contract():

@@ -10,8 +10,11 @@ run, with the same conversations in flight on one core:
   `/stalewise/generate` wire format and answers after the call's latency with a canned reply;
 - `vllm`: `VllmEngineClient.generate` (the client a job builds for `vllm serve`) against the
   same server's `/v1/completions`, which streams the reply as vLLM does: one server-sent event
-  per token with its log-prob, then a usage event and `[DONE]`, the events sent in
+  per `--stream-interval` tokens (a job's `[engine] stream_interval`, default 16; the first
+  token alone) with their log-probs, then a usage event and `[DONE]`, the events sent in up to
   `--stream-writes` writes spread over the call's latency (a decoding engine's pace);
+- `vllm1`: the same with one event per token (`stream_interval = 1`, vLLM's own default, and
+  a job's with pipeline mode `inflight`);
 - `scripted`: the in-process `ScriptedEngine` that `bench/orchestrator.py` uses;
 - `floor`: an engine that only sleeps the latency and returns a prepared result: what the
   conversations themselves cost (growing the prompt, counting).
@@ -28,7 +31,8 @@ default one per conversation, as a job's engine client does (`engine.max_connect
 2026-12-06) the rest wait in its pool, and `http` and `vllm` make fewer calls per second.
 
     .venv/bin/python bench/engine_client.py [--in-flight 1000] [--latency-s 0.4]
-        [--connections N] [--seconds 10] [--repeats 3] [--engines floor,scripted,http,vllm]
+        [--connections N] [--seconds 10] [--repeats 3] [--engines floor,scripted,http,vllm,vllm1]
+        [--stream-interval 16]
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from collections.abc import AsyncIterator  # noqa: E402
 import anyio  # noqa: E402
 import numpy as np  # noqa: E402
 
+from config.engine import DEFAULT_STREAM_INTERVAL  # noqa: E402
 from core.children import cpu_seconds  # noqa: E402
 from core.engine_api import (  # noqa: E402
     GENERATE_ROUTE,
@@ -106,15 +111,18 @@ def serve(fd: int, args: argparse.Namespace) -> None:
     async def info(request: Request) -> JSONResponse:
         return JSONResponse({"model": "bench"})
 
-    *groups, usage_and_done = completion_stream(
-        result.tokens, writes=args.stream_writes, request_id="bench", model="bench",
-        finish_reason="stop", prompt_tokens=0)
+    streams: dict[int, list[bytes]] = {}  # the reply's writes, per stream interval
 
     async def completions(request: Request) -> Response:
         try:
-            await request.json()
+            interval = (await request.json()).get("stream_interval", 1)
         except ClientDisconnect:
             return Response(status_code=499)
+        if interval not in streams:
+            streams[interval] = completion_stream(
+                result.tokens, writes=args.stream_writes, request_id="bench", model="bench",
+                finish_reason="stop", prompt_tokens=0, stream_interval=interval)
+        *groups, usage_and_done = streams[interval]
         pause = args.latency_s * math.exp(draws.gauss(0.0, 0.3)) / len(groups)
 
         async def stream() -> AsyncIterator[bytes]:
@@ -189,12 +197,13 @@ async def window(engine, args: argparse.Namespace,
 
 
 async def http_window(base_url: str, server_pid: int, args: argparse.Namespace,
-                      kind: str) -> dict:
-    async with engine_client(base_url, kind=kind, max_connections=args.connections) as client:
+                      kind: str, stream_interval: int = 1) -> dict:
+    async with engine_client(base_url, kind=kind, max_connections=args.connections,
+                             stream_interval=stream_interval) as client:
         return await window(client, args, server_pid)
 
 
-ENGINES = ("floor", "scripted", "http", "vllm")
+ENGINES = ("floor", "scripted", "http", "vllm", "vllm1")
 
 
 def main() -> None:
@@ -215,6 +224,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="windows per contender")
     parser.add_argument("--stream-writes", type=int, default=8,
                         help="writes the vllm server spreads a reply's events over")
+    parser.add_argument("--stream-interval", type=int, default=DEFAULT_STREAM_INTERVAL,
+                        help="tokens per streamed event for the vllm contender (vllm1: 1)")
     parser.add_argument("--engines", default=",".join(ENGINES),
                         help="the contenders, comma-separated (floor is always measured)")
     parser.add_argument("--serve-fd", type=int, default=None, help=argparse.SUPPRESS)
@@ -257,7 +268,8 @@ def main() -> None:
                     run = anyio.run(window, scripted, args)
                 else:
                     kind = "embedded" if engine == "http" else "vllm"
-                    run = anyio.run(http_window, base_url, server.pid, args, kind)
+                    interval = args.stream_interval if engine == "vllm" else 1
+                    run = anyio.run(http_window, base_url, server.pid, args, kind, interval)
                 rows[engine].append(run)
     finally:
         server.kill()
@@ -266,8 +278,8 @@ def main() -> None:
     print(f"engine client benchmark: {args.in_flight} conversations in flight, one core, call "
           f"latency {args.latency_s} s, prompts {args.prompt} + {growth} per turn over "
           f"{args.turns} turns, {args.reply_tokens}-token replies, "
-          f"{args.connections} connections, median of {args.repeats} windows of "
-          f"{args.seconds:g} s")
+          f"{args.connections} connections, vllm {args.stream_interval} tokens per event, "
+          f"median of {args.repeats} windows of {args.seconds:g} s")
     floor = statistics.median(r["cpu_ms"] for r in rows["floor"])
     print(f"  {'engine':>8}  {'calls/s':>8}  {'CPU ms/call':>11}  {'over floor':>10}  "
           f"{'runs (CPU ms/call)':>24}  {'server CPU ms/call':>18}")
@@ -275,7 +287,7 @@ def main() -> None:
         cpu = statistics.median(r["cpu_ms"] for r in runs)
         spread = " / ".join(f"{r['cpu_ms']:.3f}" for r in runs)
         server_ms = (f"{statistics.median(r['server_cpu_ms'] for r in runs):.3f}"
-                     if name in ("http", "vllm") else "-")
+                     if name in ("http", "vllm", "vllm1") else "-")
         print(f"  {name:>8}  {statistics.median(r['calls_per_s'] for r in runs):>8,.0f}  "
               f"{cpu:>11.3f}  {cpu - floor:>10.3f}  {spread:>24}  {server_ms:>18}")
 

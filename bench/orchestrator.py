@@ -35,7 +35,8 @@ exchange, the reply's decoding) and not the fake engine's work; the child's CPU 
 printed beside it.
 
 `--engine vllm` is the same with vLLM's route instead: the child streams each reply as
-`vllm serve` does (`/v1/completions`, one server-sent event per token in 8 writes spread over
+`vllm serve` does (`/v1/completions`, one server-sent event per `--stream-interval` tokens
+(the job's default, 16; the first token alone, as vLLM sends it), in up to 8 writes spread over
 the call's latency, then the usage event), answers the weight-update routes a job's vLLM
 client calls (pause, `collective_rpc`, prefix-cache reset, resume) at once, and finds each
 trajectory by the session id the client sends; the pipeline drives it through the job's
@@ -43,6 +44,7 @@ trajectory by the session id the client sends; the pipeline drives it through th
 
     .venv/bin/python bench/orchestrator.py [--in-flight 1000] [--seconds 20] [--db URL]
     .venv/bin/python bench/orchestrator.py --engine http|vllm [--in-flight 1000] [--db URL]
+    .venv/bin/python bench/orchestrator.py --engine vllm --stream-interval 1
     .venv/bin/python bench/orchestrator.py --in-flight 10000 --replicas 8 [--db URL]
     .venv/bin/python bench/orchestrator.py --replicas 1,2,4 --slots 16 [--seconds 10]
 """
@@ -69,6 +71,7 @@ from typing import Awaitable, Callable, Iterator  # noqa: E402
 
 import anyio  # noqa: E402
 
+from config.engine import DEFAULT_STREAM_INTERVAL  # noqa: E402
 from config.job import parse_config  # noqa: E402
 from core.children import cpu_seconds  # noqa: E402
 from core.engine_api import INFO_ROUTE, EngineError  # noqa: E402
@@ -278,7 +281,8 @@ def vllm_routes(script: DemoScript, args, writes: int = 8) -> dict[bytes, Handle
             session_id=body.get("session_id")))
         *parts, last = completion_stream(
             result.tokens, writes=writes, request_id=body["request_id"], model="bench",
-            finish_reason=result.finish_reason, prompt_tokens=result.prompt_tokens,
+            stream_interval=body.get("stream_interval", 1), finish_reason=result.finish_reason,
+            prompt_tokens=result.prompt_tokens,
             cached_prompt_tokens=result.cached_prompt_tokens)
         pause = args.engine_s * math.exp(draws.gauss(0.0, 0.3)) / len(parts)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
@@ -312,7 +316,8 @@ async def served_engine(args, store: Store):
     try:
         url = f"http://127.0.0.1:{listener.getsockname()[1]}"
         kind = "vllm" if args.engine == "vllm" else "embedded"
-        async with engine_client(url, kind=kind, max_connections=args.concurrent) as client:
+        async with engine_client(url, kind=kind, max_connections=args.concurrent,
+                                 stream_interval=args.stream_interval) as client:
             await client.wait_ready(60)
             yield client, child.pid
     finally:
@@ -470,6 +475,9 @@ def main() -> None:
                         help="scripted: the engine in this process; http: in a child process, "
                              "reached through a job's engine client; vllm: the same behind "
                              "vLLM's streamed route, through a job's vLLM client")
+    parser.add_argument("--stream-interval", type=int, default=DEFAULT_STREAM_INTERVAL,
+                        help="with --engine vllm: tokens per streamed event, as a job's "
+                             "[engine] stream_interval (1: one event per token)")
     parser.add_argument("--serve-fd", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--serve-cpu", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--store-url", default=None, help=argparse.SUPPRESS)
@@ -495,8 +503,9 @@ def main() -> None:
     where = {"scripted": "the scripted engine in this process",
              "http": "the scripted engine in a child process over HTTP (the embedded engine's "
                      "routes)",
-             "vllm": "the scripted engine in a child process behind vLLM's streamed route, "
-                     "through a job's vLLM client"}[args.engine]
+             "vllm": f"the scripted engine in a child process behind vLLM's streamed route, "
+                     f"{args.stream_interval} tokens per event, through a job's vLLM "
+                     f"client"}[args.engine]
     print(f"orchestrator benchmark: {args.concurrent} trajectories in flight (peak "
           f"{result['peak_in_flight']}), one core, model call {args.engine_s} s, tool median "
           f"{args.tool_s} s, store {result['dialect']}, {where}")

@@ -38,6 +38,10 @@ class EngineServerConfig(ConfigSection):
         return EngineServerConfig(**{k: getattr(self, k) for k in EngineServerConfig.model_fields})
 
 
+# tokens per streamed vLLM event where a job does not say (JobConfig.engine_stream_interval)
+DEFAULT_STREAM_INTERVAL = 16
+
+
 class EngineConfig(EngineServerConfig):
     """The job's `[engine]` section."""
 
@@ -49,6 +53,11 @@ class EngineConfig(EngineServerConfig):
         None, ge=1, description="connections the orchestrator keeps to each engine, opened on "
         "first use (default: rollout.max_concurrent, one per trajectory in flight, so no model "
         "call waits in the orchestrator for a free connection)")
+    stream_interval: int | None = Field(
+        None, ge=1, description="vLLM only: sampled tokens vLLM streams per event (the first "
+        "token comes alone, the last with what is left). Default: 16, or 1 with pipeline mode "
+        "'inflight', where a weight swap can fall inside a call and each token is recorded "
+        "under the version that was served when it arrived; 1 is one event per token")
     startup_timeout_s: float = Field(120.0, gt=0)
     extra_args: list[str] = Field(default_factory=list, description="extra `vllm serve` arguments")
     replicas: int = Field(1, ge=1, description="engine processes the job starts, each on its "

@@ -17,7 +17,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from config.base import ConfigSection as Section
 from config.cluster import ClusterConfig
-from config.engine import EngineConfig
+from config.engine import DEFAULT_STREAM_INTERVAL, EngineConfig
 from config.errors import ConfigError, read_toml, validate
 from config.harbor import HarborSettings
 from config.learner import LearnerConfig
@@ -227,7 +227,31 @@ class JobConfig(Section):
                 f"cluster.backend = 'ray' needs one store every node reaches, but run.db_url = "
                 f"{self.run.db_url!r} is SQLite (a file on this machine); set run.db_url to a "
                 f"PostgreSQL URL, e.g. 'postgresql+psycopg://USER@HOST:5432/DB'")
+        self._stream_interval_fits()
         return self
+
+    def _stream_interval_fits(self) -> None:
+        interval = self.engine.stream_interval
+        if interval is None:
+            return
+        if self.engine.kind != "vllm":
+            raise ValueError(f"engine.stream_interval = {interval} is a setting of vLLM's "
+                             f"streamed replies; engine.kind = {self.engine.kind!r} answers "
+                             f"each call in one reply: remove engine.stream_interval")
+        if interval > 1 and self.pipeline.mode == "inflight":
+            raise ValueError(f"engine.stream_interval = {interval} with pipeline.mode = "
+                             f"'inflight': vLLM would hold up to {interval} sampled tokens "
+                             f"before streaming them, so tokens sampled before a weight swap "
+                             f"would arrive after it and be recorded under the new version; "
+                             f"set engine.stream_interval = 1 (or leave it out), or use "
+                             f"pipeline.mode = 'async'")
+
+    def engine_stream_interval(self) -> int:
+        """Sampled tokens vLLM streams per event: `engine.stream_interval`, or 16 (1 in
+        `inflight` pipelines, whose swaps may fall inside a call)."""
+        if self.engine.stream_interval is not None:
+            return self.engine.stream_interval
+        return 1 if self.pipeline.mode == "inflight" else DEFAULT_STREAM_INTERVAL
 
     def engine_connections(self) -> int:
         """Connections the orchestrator keeps to each engine: `engine.max_connections`, or one

@@ -147,15 +147,17 @@ def engine_client(base_url: str, *, kind: EngineKind = "embedded", model: str | 
                   timeouts: EngineTimeouts | None = None,
                   max_connections: int = DEFAULT_CONNECTIONS,
                   retries: int = 3, retry_backoff_s: float = 0.2, ignore_eos: bool = False,
-                  initial_version: int = 0, transport: httpx.AsyncBaseTransport | None = None
-                  ) -> HttpEngineClient:
+                  initial_version: int = 0, transport: httpx.AsyncBaseTransport | None = None,
+                  stream_interval: int = 1) -> HttpEngineClient:
     """The client for the engine at `base_url`: `kind` "embedded" (the embedded engine) or
     "vllm". `model` names the served model (default: the first of `/v1/models`);
     `initial_version` is the weights version the engine serves now; `transport` replaces the
-    network (tests)."""
+    network (tests); `stream_interval` is the tokens vLLM streams per event (vLLM only: the
+    embedded engine answers a call in one reply)."""
     if kind not in CLIENTS:
         raise ValueError(f"kind must be one of {', '.join(map(repr, CLIENTS))}, got {kind!r}")
+    streaming = {"stream_interval": stream_interval} if kind == VllmEngineClient.kind else {}
     return CLIENTS[kind](base_url, model=model, timeouts=timeouts,
-                            max_connections=max_connections, retries=retries,
-                            retry_backoff_s=retry_backoff_s, ignore_eos=ignore_eos,
-                            initial_version=initial_version, transport=transport)
+                         max_connections=max_connections, retries=retries,
+                         retry_backoff_s=retry_backoff_s, ignore_eos=ignore_eos,
+                         initial_version=initial_version, transport=transport, **streaming)

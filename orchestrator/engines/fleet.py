@@ -114,10 +114,12 @@ class LocalReplicas:
 
 
 def _client(cfg: EngineConfig, url: str, version: int) -> EngineClient:
-    """A client for one of the job's engines: `engine.max_connections` connections to it (the
-    job sets that: `JobConfig.engine_connections`)."""
+    """A client for one of the job's engines: `engine.max_connections` connections to it, and
+    vLLM's `engine.stream_interval` tokens per event (the job sets both:
+    `JobConfig.engine_connections`, `JobConfig.engine_stream_interval`)."""
     return engine_client(url, kind=cfg.kind, initial_version=version,
-                         max_connections=cfg.max_connections or DEFAULT_CONNECTIONS)
+                         max_connections=cfg.max_connections or DEFAULT_CONNECTIONS,
+                         stream_interval=cfg.stream_interval or 1)
 
 
 def _start_one(job: JobConfig, model_dir: Path, version: int, run_dir: Path) -> Child:
@@ -148,7 +150,8 @@ class EngineFleet:
               run_id: str) -> "EngineFleet":
         """Start the engines the topology needs, serving `model_dir` as `version` (blocking,
         from the main thread, so every process started here dies with the job)."""
-        cfg = job.engine.model_copy(update={"max_connections": job.engine_connections()})
+        cfg = job.engine.model_copy(update={"max_connections": job.engine_connections(),
+                                            "stream_interval": job.engine_stream_interval()})
         if cfg.url is not None or cfg.urls:
             return cls(cfg, version=version)
         if job.cluster.backend == "ray":

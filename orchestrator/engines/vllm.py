@@ -10,6 +10,13 @@ request; its time offset is its arrival time at the client. This is exact when e
 goes through this client instance (updates pause the engine, so no token is produced during a
 swap) and a streamed token never takes longer in transit than the swap.
 
+`stream_interval` (a job's `[engine] stream_interval`) asks vLLM to stream that many tokens per
+event instead of one: a call of a few hundred tokens is then a handful of JSON events for the
+client to read, not hundreds. Tokens then arrive, and take their time offsets, in groups. With
+`drain` updates (a job's `async` and `sync` pipelines on vLLM) every request in flight finishes
+before the swap, so the versions stay exact; an `inflight` update would let tokens sampled
+before the swap arrive after it, so a client with an interval above 1 refuses one.
+
 A paused vLLM (0.32) holds new requests in every pause mode and starts them at `/resume`. It
 refuses a request with HTTP 503 before generating anything when its queue is full
 (`--max-num-queued-reqs`); `generate` then sends the request again once this client's update
@@ -76,8 +83,11 @@ class VllmEngineClient(HttpEngineClient):
     serve_hint = "`vllm serve`"
     can_pin = False
 
-    def __init__(self, base_url: str, **options: Any) -> None:
+    def __init__(self, base_url: str, *, stream_interval: int = 1, **options: Any) -> None:
         super().__init__(base_url, **options)
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be at least 1, got {stream_interval}")
+        self.stream_interval = stream_interval
         # (version, kv policy) of every update this client made: the KV-version attribution
         self._update_log: list[tuple[int, KvPolicy]] = []
         self._unpaused = anyio.Event()   # set while no update of this client pauses vLLM
@@ -97,7 +107,8 @@ class VllmEngineClient(HttpEngineClient):
         # pydantic's serialiser writes the body (a long prompt of ids) several times faster
         # than json.dumps; `fallback=int` writes numpy ints, which it does not know
         body = pydantic_core.to_json(
-            completion_body(request, await self.model_name(), self.ignore_eos), fallback=int)
+            completion_body(request, await self.model_name(), self.ignore_eos,
+                            self.stream_interval), fallback=int)
         unavailable_since: float | None = None
         while True:
             stream = CompletionStream(request.params.logprobs_topk, self._version,
@@ -140,6 +151,12 @@ class VllmEngineClient(HttpEngineClient):
         if mode == "pin":
             raise EngineError(f"weight update mode 'pin' is not available on the "
                               f"{self.http.where('')}: {VLLM_CANNOT_PIN}")
+        if mode == "inflight" and self.stream_interval > 1:
+            raise EngineError(f"an 'inflight' weight update needs a client with stream_interval "
+                              f"1, not {self.stream_interval}: vLLM holds up to that many "
+                              f"sampled tokens before streaming them, so tokens sampled before "
+                              f"the swap would arrive after it and be recorded under the new "
+                              f"version (set [engine] stream_interval = 1, or use 'drain')")
         if version == self._version:
             return WeightUpdateReport(version, version, mode, kv, 0.0, 0.0, 0, 0, 0, True, "vllm")
         if version < self._version:

@@ -2,13 +2,17 @@
 
 `completion_body` asks for exactly what the agent loop needs: a token-id prompt, the sampled
 tokens as ids (`return_tokens_as_token_ids`), their log-probs with an optional top-k, and the
-usage block (prompt and cached-prompt token counts); it names the request (`request_id`, which
+usage block (prompt and cached-prompt token counts). It names the request (`request_id`, which
 vLLM's logs and its reply ids carry) and the trajectory's session (`session_id`, which vLLM
-puts on the KV-cache events it publishes). `CompletionStream` collects the chunks of one
-request; `completion_chunks` writes the chunks vLLM streams for given tokens, and
-`completion_stream` their bytes in a number of writes (for servers that stand in for vLLM:
-benchmarks, tests). vLLM reports no versions or times, so they are
-attributed as the client sees them (the rules are in `orchestrator.engines.vllm`): a token's
+puts on the KV-cache events it publishes). With a `stream_interval` above 1 it asks for that
+many tokens per streamed event (vLLM 0.32 takes it per request and sends the first token
+alone, the last with whatever is left: `stream_groups`); one JSON event per token is the
+largest part of what a call costs the client.
+
+`CompletionStream` collects the chunks of one request; `completion_chunks` writes the chunks
+vLLM streams for given tokens, and `completion_stream` their bytes in a number of writes (for
+servers that stand in for vLLM: benchmarks, tests). vLLM reports no versions or times, so they
+are attributed as the client sees them (the rules are in `orchestrator.engines.vllm`): a token's
 weights version is the client's version when the chunk arrived; its KV version is the version
 at the request's start, raised by every `recompute` update since; its time offset is its
 arrival time. No torch here.
@@ -29,15 +33,18 @@ from core.records import SampledTokens
 VLLM_LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this in JSON
 
 
-def completion_body(request: GenerateRequest, model: str, ignore_eos: bool) -> dict:
+def completion_body(request: GenerateRequest, model: str, ignore_eos: bool,
+                    stream_interval: int = 1) -> dict:
     """The request's body; its prompt is the request's own list of ids, not a copy (write it
     with `pydantic_core.to_json(body, fallback=int)`, which writes numpy ints too)."""
     params = request.params
-    session = {"session_id": request.session_id} if request.session_id else {}
+    extra = {"session_id": request.session_id} if request.session_id else {}
+    if stream_interval > 1:  # left out at 1, vLLM's default, for versions without the field
+        extra["stream_interval"] = stream_interval
     ids = request.prompt_token_ids
     prompt = (ids.tolist() if isinstance(ids, np.ndarray) else
               ids if isinstance(ids, (list, tuple)) else list(ids))
-    return {"model": model, "request_id": secrets.token_hex(16), **session, "prompt": prompt,
+    return {"model": model, "request_id": secrets.token_hex(16), **extra, "prompt": prompt,
             "max_tokens": params.max_tokens, "min_tokens": params.min_tokens,
             "temperature": params.temperature, "top_p": params.top_p,
             "top_k": params.top_k if params.top_k > 0 else -1, "seed": params.seed,
@@ -121,24 +128,35 @@ class CompletionStream:
         return SampledTokens(self.ids, self.logprobs, self.weights, self.kvs, self.offsets, **extra)
 
 
+def stream_groups(count: int, stream_interval: int = 1) -> list[range]:
+    """Which of `count` sampled tokens each streamed event of vLLM carries: the first token
+    alone, then every `stream_interval` tokens, and whatever is left with the last."""
+    if count == 0:
+        return []
+    starts = [0, *range(1, count, max(1, stream_interval))]
+    return [range(a, b) for a, b in zip(starts, [*starts[1:], count])]
+
+
 def completion_chunks(tokens: SampledTokens, *, request_id: str, model: str,
-                      finish_reason: str, prompt_tokens: int,
-                      cached_prompt_tokens: int = 0) -> list[dict]:
+                      finish_reason: str, prompt_tokens: int, cached_prompt_tokens: int = 0,
+                      stream_interval: int = 1) -> list[dict]:
     """The chunks `vllm serve` streams for `tokens` of a request `completion_body` made with
-    `logprobs = 0` (one per token, `return_tokens_as_token_ids`), then the usage chunk
-    (`stream_options.include_usage`): what `CompletionStream` reads."""
+    `logprobs = 0` (`return_tokens_as_token_ids`; grouped as `stream_groups` says), then the
+    usage chunk (`stream_options.include_usage`): what `CompletionStream` reads."""
     head = {"id": f"cmpl-{request_id}", "object": "text_completion", "created": 1780000000,
             "model": model}
+    ids, logprobs = tokens.token_ids.tolist(), tokens.sampler_logprobs.tolist()
     chunks = []
-    last = len(tokens) - 1
-    for i, (token, logprob) in enumerate(zip(tokens.token_ids.tolist(),
-                                             tokens.sampler_logprobs.tolist())):
-        label = f"token_id:{token}"
+    groups = stream_groups(len(ids), stream_interval)
+    for group in groups:
+        labels = [f"token_id:{ids[i]}" for i in group]
         chunks.append({**head, "choices": [{
-            "index": 0, "text": f"t{token}",
-            "logprobs": {"text_offset": [i], "token_logprobs": [logprob], "tokens": [label],
-                         "top_logprobs": [{label: logprob}]},
-            "finish_reason": finish_reason if i == last else None, "stop_reason": None}],
+            "index": 0, "text": "".join(f"t{ids[i]}" for i in group),
+            "logprobs": {"text_offset": list(group),
+                         "token_logprobs": [logprobs[i] for i in group], "tokens": labels,
+                         "top_logprobs": [{label: logprobs[i]} for label, i in zip(labels, group)]},
+            "finish_reason": finish_reason if group is groups[-1] else None,
+            "stop_reason": None}],
             "usage": None})
     chunks.append({**head, "choices": [], "usage": {
         "prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + len(tokens),

@@ -21,7 +21,10 @@ Contracts:
   starts it at `/resume`; a 503 (vLLM's queue limit, `--max-num-queued-reqs`) is retried by the
   client until vLLM has room;
 - cancelling a generate aborts it in vLLM (no request left running), `abort()` is refused with
-  advice, and a pinned request is refused with advice.
+  advice, and a pinned request is refused with advice;
+- a request names itself and its session to vLLM; at a job's `stream_interval` of 16 vLLM
+  streams the first token alone, then 16 per event, and the client reads back the same tokens
+  and log-probs as from one event per token.
 """
 
 from __future__ import annotations
@@ -386,3 +389,31 @@ def test_a_request_names_itself_and_its_trajectorys_session_to_vllm(served):
         ids = {json.loads(line[len("data: "):])["id"] for line in reply.iter_lines()
                if line.startswith("data: {")}
     assert ids == {f"cmpl-{body['request_id']}"}
+
+
+def test_vllm_streams_a_job_clients_tokens_in_groups_and_they_read_back_the_same(served):
+    """At `stream_interval = 16` (a job's default) vLLM sends the first token alone, then 16 per
+    event, the rest with the last; the client reads back the tokens and log-probs a
+    one-per-event stream of the same seeded request gives."""
+    from orchestrator.engines.vllm_stream import completion_body
+
+    body = completion_body(request(PROMPTS[1], 40, seed=11), "smollm2", True, 16)
+    with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=120) as reply:
+        assert reply.status_code == 200, reply.read()
+        sizes = [len(event["choices"][0]["logprobs"]["tokens"])
+                 for event in (json.loads(line[len("data: "):]) for line in reply.iter_lines()
+                               if line.startswith("data: {"))
+                 if event["choices"]]
+    assert sizes == [1, 16, 16, 7]
+
+    async def main(interval: int) -> GenerateResult:
+        async with engine_client(served.url, kind="vllm", ignore_eos=True,
+                                 initial_version=served.version,
+                                 stream_interval=interval) as engine:
+            return await engine.generate(request(PROMPTS[1], 40, seed=11))
+
+    grouped, single = anyio.run(main, 16), anyio.run(main, 1)
+    assert grouped.tokens.token_ids.tolist() == single.tokens.token_ids.tolist()
+    np.testing.assert_allclose(grouped.tokens.sampler_logprobs, single.tokens.sampler_logprobs,
+                               atol=1e-5)
+    assert len(set(grouped.tokens.time_offsets.tolist())) == 4

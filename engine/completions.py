@@ -4,7 +4,9 @@
 (top-n of the processed distribution, the sampled token's log-prob always included, -inf
 clamped to -9999 as vLLM does); `return_tokens_as_token_ids` renders tokens as `token_id:N`;
 `min_tokens`, `stop_token_ids`, `ignore_eos`, `seed`, `top_k`; `stream` with server-sent
-events and `stream_options.include_usage`; usage carries `prompt_tokens_details.cached_tokens`.
+events and `stream_options.include_usage`, `stream_interval` tokens per event as vLLM groups
+them (the first token alone, the rest with the end); `request_id` names the request (the reply's
+id is `cmpl-` + it, as vLLM's); usage carries `prompt_tokens_details.cached_tokens`.
 Options the engine does not implement are refused with 400, never silently ignored. A
 streaming client that hangs up has its request aborted. The request schema (`CompletionBody`)
 is vLLM's, so it lives here; stalewise's own wire protocol is `core.engine_api`.
@@ -55,6 +57,9 @@ class CompletionBody(BaseModel):
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
+    stream_interval: int | None = Field(None, ge=1, description="tokens per streamed event")
+    request_id: str | None = Field(None, min_length=1, max_length=200,
+                                   description="the reply's id is `cmpl-` + it")
     n: int = 1
     best_of: int | None = None
     echo: bool = False
@@ -164,9 +169,11 @@ class Completions:
         body: CompletionBody = await parse(request, CompletionBody)
         prompt = self._completion_prompt(body)
         spec = self._completion_spec(body)
+        # the engine's own id stays unique (it aborts by it); the reply carries the client's
         request_id = f"cmpl-{uuid.uuid4().hex}"
+        reply_id = f"cmpl-{body.request_id}" if body.request_id else request_id
         if body.stream:
-            return self._stream_completion(body, prompt, spec, request_id)
+            return self._stream_completion(body, prompt, spec, request_id, reply_id)
         future = submit(self.engine, prompt, spec, session_id=body.session_id,
                         request_id=request_id)
         out = await until_done_or_disconnect(self.engine, request, future, request_id)
@@ -175,7 +182,7 @@ class Completions:
                                                    out.topk_ids, out.topk_logprobs, 0),
                   "finish_reason": out.finish_reason, "stop_reason": self._stop_reason(out)}
         return JSONResponse({
-            "id": request_id, "object": "text_completion", "created": int(time.time()),
+            "id": reply_id, "object": "text_completion", "created": int(time.time()),
             "model": self.model_name, "choices": [choice],
             "usage": self._usage(out.prompt_tokens, len(out.token_ids), out.cached_prompt_tokens)})
 
@@ -186,29 +193,34 @@ class Completions:
         return None
 
     def _stream_completion(self, body: CompletionBody, prompt: list[int], spec: SamplingSpec,
-                           request_id: str) -> Response:
+                           request_id: str, reply_id: str) -> Response:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
         future = submit(self.engine, prompt, spec, session_id=body.session_id,
                         request_id=request_id,
                         listener=lambda e: loop.call_soon_threadsafe(events.put_nowait, e))
-        return StreamingResponse(self._sse(body, future, events, request_id),
+        return StreamingResponse(self._sse(body, future, events, request_id, reply_id),
                                  media_type="text/event-stream")
 
     async def _sse(self, body: CompletionBody, future: Future, events: asyncio.Queue,
-                   request_id: str) -> AsyncIterator[str]:
+                   request_id: str, reply_id: str) -> AsyncIterator[str]:
         created, offset, done = int(time.time()), 0, asyncio.wrap_future(future)
         finished = False
 
-        def token_chunk(event: TokenEvent) -> str:
+        interval, held = body.stream_interval or 1, []  # tokens not yet sent
+        sent_any = False
+
+        def token_chunk(events: list[TokenEvent]) -> str:
             nonlocal offset
-            text = self._text([event.token_id], body.skip_special_tokens)
+            ids = [event.token_id for event in events]
+            text = self._text(ids, body.skip_special_tokens)
             block = self._logprobs_block(
-                body, [event.token_id], [event.logprob],
-                [event.topk_ids] if event.topk_ids else [],
-                [event.topk_logprobs] if event.topk_logprobs else [], offset)
+                body, ids, [event.logprob for event in events],
+                [event.topk_ids for event in events] if events[0].topk_ids else [],
+                [event.topk_logprobs for event in events] if events[0].topk_logprobs else [],
+                offset)
             offset += len(text)
-            return self._chunk(request_id, created, [{"index": 0, "text": text, "logprobs": block,
+            return self._chunk(reply_id, created, [{"index": 0, "text": text, "logprobs": block,
                                                       "finish_reason": None, "stop_reason": None}])
 
         try:
@@ -218,27 +230,35 @@ class Completions:
                 if not getter.done():
                     getter.cancel()
                     break
-                yield token_chunk(getter.result())
+                held.append(getter.result())
+                if not sent_any or len(held) >= interval:  # vLLM: the first token alone
+                    yield token_chunk(held)
+                    held, sent_any = [], True
             while not events.empty():  # tokens queued just before the final result
-                yield token_chunk(events.get_nowait())
+                held.append(events.get_nowait())
+                if not sent_any or len(held) >= interval:
+                    yield token_chunk(held)
+                    held, sent_any = [], True
+            if held:
+                yield token_chunk(held)
             try:
                 out: EngineOutput = done.result()
             except EngineStopped as exc:
                 yield "data: " + json.dumps({"error": {"message": str(exc), "code": 503}}) + "\n\n"
                 return
             finished = True
-            yield self._chunk(request_id, created, [{"index": 0, "text": "", "logprobs": None,
+            yield self._chunk(reply_id, created, [{"index": 0, "text": "", "logprobs": None,
                               "finish_reason": out.finish_reason,
                               "stop_reason": self._stop_reason(out)}])
             if body.stream_options is not None and body.stream_options.include_usage:
-                yield self._chunk(request_id, created, [], usage=self._usage(
+                yield self._chunk(reply_id, created, [], usage=self._usage(
                     out.prompt_tokens, len(out.token_ids), out.cached_prompt_tokens))
             yield "data: [DONE]\n\n"
         finally:
             if not finished:
                 self.engine.abort(request_id)
 
-    def _chunk(self, request_id: str, created: int, choices: list, usage: dict | None = None) -> str:
-        return "data: " + json.dumps({"id": request_id, "object": "text_completion",
+    def _chunk(self, reply_id: str, created: int, choices: list, usage: dict | None = None) -> str:
+        return "data: " + json.dumps({"id": reply_id, "object": "text_completion",
                                       "created": created, "model": self.model_name,
                                       "choices": choices, "usage": usage}) + "\n\n"

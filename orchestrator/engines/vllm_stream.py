@@ -100,8 +100,12 @@ class CompletionStream:
             if block:
                 now = time.monotonic() - self.sent
                 kv = min(self._kv_floor(update_log), version)
-                tops = block.get("top_logprobs") or [None] * len(block["tokens"])
-                for label, logprob, top in zip(block["tokens"], block["token_logprobs"], tops):
+                labels, logprobs = block["tokens"], block["token_logprobs"]
+                tops = block.get("top_logprobs") or [None] * len(labels)
+                if not len(labels) == len(logprobs) == len(tops):  # zip would drop tokens
+                    raise ValueError(f"a chunk with {len(labels)} tokens, {len(logprobs)} "
+                                     f"log-probs and {len(tops)} top-k entries")
+                for label, logprob, top in zip(labels, logprobs, tops):
                     self.ids.append(int(label[9:]) if label[:9] == "token_id:" else
                                     token_id(label))  # which raises, naming the label
                     self.logprobs.append(float(logprob))

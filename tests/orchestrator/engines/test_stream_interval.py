@@ -141,3 +141,28 @@ def test_a_client_streaming_groups_refuses_an_inflight_update_and_takes_a_drain(
     assert anyio.run(update, 16, "drain").version == 1
     assert anyio.run(update, 1, "inflight").version == 1
     assert calls.count("/pause") == 2 and calls.count("/resume") == 2
+
+
+def test_a_grouped_chunk_whose_lists_disagree_is_refused_not_cut_to_the_shortest():
+    """Tokens, log-probs and top-k entries of one event come in lists of one length; a chunk
+    where they differ is malformed (zipping them would silently drop tokens)."""
+    chunk = {"choices": [{"logprobs": {"tokens": ["token_id:7", "token_id:8"],
+                                       "token_logprobs": [-0.5],
+                                       "top_logprobs": [{"token_id:7": -0.5}] * 2},
+                          "finish_reason": "length"}]}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny", "max_model_len": 999}]})
+        return httpx.Response(200, content=b"data: " + json.dumps(chunk).encode()
+                              + b"\n\ndata: [DONE]\n\n",
+                              headers={"content-type": "text/event-stream"})
+
+    async def main():
+        async with engine_client(URL, kind="vllm", stream_interval=16,
+                                 transport=httpx.MockTransport(handler)) as engine:
+            await engine.generate(GenerateRequest([1, 2], SamplingParams(max_tokens=2)))
+
+    with pytest.raises(EngineError, match=r"malformed stream chunk .*2 tokens, 1 log-probs "
+                                          r"and 2 top-k entries"):
+        anyio.run(main)

@@ -248,10 +248,12 @@ class JobConfig(Section):
 
     def engine_stream_interval(self) -> int:
         """Sampled tokens vLLM streams per event: `engine.stream_interval`, or 16 (1 in
-        `inflight` pipelines, whose swaps may fall inside a call)."""
+        `inflight` pipelines, whose swaps may fall inside a call; 1 where nothing streams)."""
         if self.engine.stream_interval is not None:
             return self.engine.stream_interval
-        return 1 if self.pipeline.mode == "inflight" else DEFAULT_STREAM_INTERVAL
+        if self.engine.kind != "vllm" or self.pipeline.mode == "inflight":
+            return 1
+        return DEFAULT_STREAM_INTERVAL
 
     def engine_connections(self) -> int:
         """Connections the orchestrator keeps to each engine: `engine.max_connections`, or one

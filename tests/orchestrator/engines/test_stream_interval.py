@@ -40,6 +40,7 @@ def test_a_vllm_job_streams_16_tokens_per_event_and_one_when_swaps_fall_inside_c
     inflight = {**vllm_job(), "pipeline": {"mode": "inflight"}}
     assert parse_config(inflight).engine_stream_interval() == 1
     assert parse_config(vllm_job(stream_interval=4)).engine_stream_interval() == 4
+    assert parse_config({}).engine_stream_interval() == 1  # the embedded engine: no stream
     assert parse_config({**vllm_job(stream_interval=1),
                          "pipeline": {"mode": "inflight"}}).engine_stream_interval() == 1
     # the fleet hands the resolved interval to the job's client

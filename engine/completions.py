@@ -207,8 +207,8 @@ class Completions:
         created, offset, done = int(time.time()), 0, asyncio.wrap_future(future)
         finished = False
 
-        interval, held = body.stream_interval or 1, []  # tokens not yet sent
-        sent_any = False
+        held: list[TokenEvent] = []  # tokens not yet sent
+        limit = 1  # as vLLM: the first token alone, then `stream_interval` to an event
 
         def token_chunk(events: list[TokenEvent]) -> str:
             nonlocal offset
@@ -231,14 +231,14 @@ class Completions:
                     getter.cancel()
                     break
                 held.append(getter.result())
-                if not sent_any or len(held) >= interval:  # vLLM: the first token alone
+                if len(held) >= limit:
                     yield token_chunk(held)
-                    held, sent_any = [], True
+                    held, limit = [], body.stream_interval or 1
             while not events.empty():  # tokens queued just before the final result
                 held.append(events.get_nowait())
-                if not sent_any or len(held) >= interval:
+                if len(held) >= limit:
                     yield token_chunk(held)
-                    held, sent_any = [], True
+                    held, limit = [], body.stream_interval or 1
             if held:
                 yield token_chunk(held)
             try:

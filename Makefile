@@ -28,13 +28,16 @@ demo-long: setup
 demo-real: setup-real
 	.venv/bin/stalewise run configs/demo-real.toml --set run.seed=$(SEED)
 
+# The suite on TEST_WORKERS processes (pytest-xdist). Tests that share a session fixture or a
+# heavy server stay on one worker (tests/conftest.py names them). TEST_WORKERS=0 runs it serially.
+TEST_WORKERS ?= 2
 test: setup-all
 	bash scripts/ensure_postgres.sh
-	.venv/bin/python -m pytest -q --durations=40
+	.venv/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=40
 
 # Unit tests only (no Docker, no PostgreSQL, nothing slow).
 test-fast:
-	.venv/bin/python -m pytest -q -m "not docker and not postgres and not slow"
+	.venv/bin/python -m pytest -q -n $(TEST_WORKERS) -m "not docker and not postgres and not slow"
 
 bench: setup
 	.venv/bin/python bench/store.py

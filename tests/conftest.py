@@ -27,15 +27,38 @@ settings.load_profile("stalewise")
 _least_free = {"bytes": float("inf"), "test": ""}
 
 
+# Under `pytest -n 2 --dist loadgroup` (pytest-xdist; `make test`), the tests that share one of
+# these stay on one worker: a session fixture made once (the real run; the second Docker engine,
+# which the Ray job uses too) or a heavy server two workers must not start at once (vLLM).
+_ONE_WORKER_FIXTURES = {"real_run": "real-run", "_second_dockerd": "second-dockerd"}
+_ONE_WORKER_MARKS = {"vllm": "vllm", "ray": "ray"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items):
+    for item in items:
+        group = next((name for fixture, name in _ONE_WORKER_FIXTURES.items()
+                      if fixture in item.fixturenames), None)
+        group = group or next((name for mark, name in _ONE_WORKER_MARKS.items()
+                               if item.get_closest_marker(mark)), None)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    """After each test body (its tmp_path still full): the free space where tmp_path lives."""
+    """After each test body (its tmp_path still full): the free space where tmp_path lives, sent
+    with the test's report (so it reaches the summary from an xdist worker too)."""
     try:
         return (yield)
     finally:
-        free = shutil.disk_usage(tempfile.gettempdir()).free
-        if free < _least_free["bytes"]:
-            _least_free.update(bytes=free, test=item.nodeid)
+        item.user_properties.append(("disk_free", shutil.disk_usage(tempfile.gettempdir()).free))
+
+
+def pytest_runtest_logreport(report):
+    free = dict(report.user_properties).get("disk_free")
+    if report.when == "call" and free is not None and free < _least_free["bytes"]:
+        _least_free.update(bytes=free, test=report.nodeid)
 
 
 @pytest.hookimpl(trylast=True)  # after the durations, next to the failures' summary

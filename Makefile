@@ -33,7 +33,7 @@ demo-real: setup-real
 TEST_WORKERS ?= 2
 test: setup-all
 	bash scripts/ensure_postgres.sh
-	.venv/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=40
+	.venv/bin/python -m pytest -q -n $(TEST_WORKERS) --durations=40
 
 # Unit tests only (no Docker, no PostgreSQL, nothing slow).
 test-fast:

@@ -27,22 +27,58 @@ settings.load_profile("stalewise")
 _least_free = {"bytes": float("inf"), "test": ""}
 
 
-# Under `pytest -n 2 --dist loadgroup` (pytest-xdist; `make test`), the tests that share one of
-# these stay on one worker: a session fixture made once (the real run; the second Docker engine,
-# which the Ray job uses too) or a heavy server two workers must not start at once (vLLM).
-_ONE_WORKER_FIXTURES = {"real_run": "real-run", "_second_dockerd": "second-dockerd"}
-_ONE_WORKER_MARKS = {"vllm": "vllm", "ray": "ray"}
+# Under `pytest -n 2` (pytest-xdist; `make test`), the tests of each group of files below run on
+# one worker, one after another: they share a session fixture made once (the real run; the
+# second Docker engine, which the Ray job uses too) or a heavy server that two workers must not
+# start at once (vLLM). xdist's own `--dist loadgroup` cannot do it under pytest 9 (it renames
+# node ids through an attribute pytest no longer reads), so the scheduler below groups by file,
+# and collection refuses a test that needs a group but sits in a file not listed here.
+ONE_WORKER_FILES = {
+    "tests/engine/test_vllm_backend.py": "vllm",
+    "tests/orchestrator/test_vllm_job.py": "vllm",
+    "tests/orchestrator/test_cluster_ray.py": "second-dockerd",
+    "tests/orchestrator/test_job_hosts.py": "second-dockerd",
+    "tests/sandboxes/test_sandbox_hosts.py": "second-dockerd",
+    "tests/stalewise/test_audit_template.py": "real-run",
+    "tests/stalewise/test_exports.py": "real-run",
+    "tests/viewer/test_viewer_browser.py": "real-run",
+    "tests/viewer/test_viewer_xss.py": "real-run",
+}
+_GROUP_OF_FIXTURE = {"real_run": "real-run", "_second_dockerd": "second-dockerd"}
+_GROUP_OF_MARK = {"vllm": "vllm", "ray": "second-dockerd"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def _needed_group(item: pytest.Item) -> str | None:
+    for fixture, group in _GROUP_OF_FIXTURE.items():
+        if fixture in item.fixturenames:
+            return group
+    return next((group for mark, group in _GROUP_OF_MARK.items()
+                 if item.get_closest_marker(mark)), None)
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
-        group = next((name for fixture, name in _ONE_WORKER_FIXTURES.items()
-                      if fixture in item.fixturenames), None)
-        group = group or next((name for mark, name in _ONE_WORKER_MARKS.items()
-                               if item.get_closest_marker(mark)), None)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+        needed, path = _needed_group(item), item.nodeid.split("::", 1)[0]
+        if needed is not None and ONE_WORKER_FILES.get(path) != needed:
+            raise pytest.UsageError(
+                f"{item.nodeid} belongs to the one-worker group {needed!r}: add "
+                f'"{path}": "{needed}" to ONE_WORKER_FILES in tests/conftest.py')
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Load scheduling in which a file of ONE_WORKER_FILES is part of its group's one unit of
+    work (sent whole to one worker) and any other test is a unit of its own. It takes the place
+    of `--dist load` (the default of `-n N`); other `--dist` modes are xdist's own."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return ONE_WORKER_FILES.get(nodeid.split("::", 1)[0], nodeid)
+
+    return OneWorkerGroups(config, log)
 
 
 @pytest.hookimpl(wrapper=True)

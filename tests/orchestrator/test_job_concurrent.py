@@ -6,8 +6,9 @@ gone (or its TTL has passed), never because a job's store has not heard of its r
   while, stops cleanly when told (SIGTERM), neither with an infrastructure error: neither
   one's start-up sweep removes the other's live sandboxes;
 - a third job, started after one of them was SIGKILLed, removes exactly the dead job's
-  containers (one is planted with the dead owner's labels, as a container whose agent never
-  noticed its owner die would be) and none of the live job's.
+  containers (one is planted with the dead owner's labels before the kill, as a container whose
+  agent never noticed its owner die would be) and none of the live job's. (The second job's
+  start-up sweep may also come after the kill; what either sweep removes is the dead job's.)
 """
 
 from __future__ import annotations
@@ -119,9 +120,12 @@ def test_jobs_with_their_own_databases_never_remove_each_others_sandboxes(tmp_pa
         procs["killed"] = start(_job(tmp_path, "killed", model_dir, steps=10_000), env=env)
         wait_for(lambda: _live_containers(killed), 300, "the doomed job's sandboxes")
         doomed_labels = dict(_live_containers(killed)[0]["Labels"])
+        # planted while its owner lives, so no sweep can take it before it runs: the second
+        # job's start-up sweep may come after the kill (CI saw it remove the container between
+        # create and start)
+        planted = _plant(doomed_labels)
         os.killpg(procs["killed"].pid, signal.SIGKILL)  # orchestrator, engine and learner
         procs["killed"].wait()
-        planted = _plant(doomed_labels)
         third = tmp_path / "third"
         procs["third"] = start(_job(tmp_path, "third", model_dir, steps=2), env=env)
         wait_for(lambda: _live_containers(third), 300, "the third job's sandboxes")

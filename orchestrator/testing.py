@@ -50,17 +50,20 @@ class FakeLearner:
             self.batches.append([e.seq for e in entries])
             lags = [version - t.min_version for t in map(self._trajectory, entries)
                     if t.min_version is not None] if self.record_lags else []
-            self.store.record_learner_step(
-                self.run_id, step=step, mode="rl", first_seq=first, last_seq=consumed,
-                num_samples=len(entries), num_tokens=0, loss=0.0, policy_version=version,
-                mean_lag=sum(lags) / len(lags) if lags else None,
-                max_lag=max(lags) if lags else None, metrics={}, started_at=started,
-                finished_at=time.time())
-            self.busy_s += time.time() - started
+            row = dict(step=step, mode="rl", first_seq=first, last_seq=consumed,
+                       num_samples=len(entries), num_tokens=0, loss=0.0, policy_version=version,
+                       mean_lag=sum(lags) / len(lags) if lags else None,
+                       max_lag=max(lags) if lags else None, metrics={}, started_at=started,
+                       finished_at=time.time())
+            published = None
             if step % self.publish_every == 0:
                 version += 1
-                self.store.publish_version(self.run_id, version, f"fake://v{version}",
-                                           learner_step=step, last_seq=consumed)
+                published = dict(version=version, path=f"fake://v{version}", learner_step=step,
+                                  last_seq=consumed)
+            # the step and the version it publishes in one transaction, as the real learner
+            # writes them: a reader between two would see the step done on the old version
+            self.store.record_learner_step_and_version(self.run_id, row, published)
+            self.busy_s += time.time() - started
 
     def _trajectory(self, entry):
         return self.store.trajectory(entry.trajectory_id)

@@ -543,10 +543,6 @@ class Store:
         version, path = (latest.version, latest.path) if latest else (0, None)
         return version, path, int(done[0] or 0), int(done[1] or 0)
 
-    def record_learner_step(self, run_id: str, **values: Any) -> None:
-        with self.engine.begin() as c:
-            c.execute(insert(s.LearnerStep.__table__).values(run_id=run_id, **values))
-
     def learner_steps(self, run_id: str) -> list[Any]:
         table = s.LearnerStep.__table__
         with self.engine.connect() as c:

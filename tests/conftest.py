@@ -24,9 +24,6 @@ settings.register_profile("stalewise", deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("stalewise")
 
-_least_free = {"bytes": float("inf"), "test": ""}
-
-
 # Under `pytest -n 2` (pytest-xdist; `make test`), the tests of each group of files below run on
 # one worker, one after another: they share a session fixture made once (the real run; the
 # second Docker engine, which the Ray job uses too) or a heavy server that two workers must not
@@ -48,6 +45,10 @@ _GROUP_OF_FIXTURE = {"real_run": "real-run", "_second_dockerd": "second-dockerd"
 _GROUP_OF_MARK = {"vllm": "vllm", "ray": "second-dockerd"}
 
 
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def _needed_group(item: pytest.Item) -> str | None:
     for fixture, group in _GROUP_OF_FIXTURE.items():
         if fixture in item.fixturenames:
@@ -58,7 +59,7 @@ def _needed_group(item: pytest.Item) -> str | None:
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        needed, path = _needed_group(item), item.nodeid.split("::", 1)[0]
+        needed, path = _needed_group(item), _file_of(item.nodeid)
         if needed is not None and ONE_WORKER_FILES.get(path) != needed:
             raise pytest.UsageError(
                 f"{item.nodeid} belongs to the one-worker group {needed!r}: add "
@@ -76,9 +77,12 @@ def pytest_xdist_make_scheduler(config, log):
 
     class OneWorkerGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return ONE_WORKER_FILES.get(nodeid.split("::", 1)[0], nodeid)
+            return ONE_WORKER_FILES.get(_file_of(nodeid), nodeid)
 
     return OneWorkerGroups(config, log)
+
+
+_least_free = {"bytes": float("inf"), "test": ""}
 
 
 @pytest.hookimpl(wrapper=True)

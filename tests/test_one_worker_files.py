@@ -1,6 +1,5 @@
-"""The suite's one-worker groups (tests/conftest.py) name files that exist: a renamed test file
-left in ONE_WORKER_FILES would leave its tests free to run on two workers at once (collection
-then refuses them, but only when the old name is gone from the table too)."""
+"""The suite's one-worker groups (tests/conftest.py) name files that exist: an entry left behind
+by a renamed or deleted test file groups nothing and hides which files still need a group."""
 
 from __future__ import annotations
 

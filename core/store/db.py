@@ -5,6 +5,12 @@ SQLite (the default) runs in WAL mode with a busy timeout, and every transaction
 (sequence numbers, get-or-create) cannot interleave with another writer's and produce duplicates.
 PostgreSQL is selected by URL (`postgresql+psycopg://...`); there, sequence numbers come from
 an atomic `UPDATE ... RETURNING` on the run row.
+
+Migrations of one database take turns, so that several jobs can start on one new store at once:
+on SQLite the migration's `BEGIN IMMEDIATE` holds the write lock, on PostgreSQL the migration's
+transaction first takes an advisory lock (`MIGRATION_LOCK`). The job that waited then finds the
+schema at head and migrates nothing. (Without the lock, both would create the tables, and
+PostgreSQL would refuse the second's with a duplicate key in its catalog.)
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from core.store import migrations
 MIGRATIONS_DIR = Path(migrations.__file__).parent
 DEFAULT_URL = "sqlite:///var/stalewise.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+MIGRATION_LOCK = 0x73746C77  # a PostgreSQL advisory lock's key ("stlw"), held while migrating
 
 
 class StaleSchemaError(RuntimeError):
@@ -125,6 +132,8 @@ def _migrate(url: str, step, revision: str) -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as connection:
+            if connection.dialect.name == "postgresql":  # released when the transaction ends
+                connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
             config = alembic_config(url)
             config.attributes["connection"] = connection
             step(config, revision)

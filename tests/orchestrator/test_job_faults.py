@@ -1,7 +1,7 @@
 """`stalewise run` end to end, and its fault tolerance, with real processes, Docker and SQLite.
 
-- a short async job finishes, on SQLite and on PostgreSQL: learner steps done, report
-  written, no containers left;
+- a short async job finishes, on SQLite, and two at once on one new PostgreSQL database:
+  learner steps done, report written, no containers left;
 - a user's task family in one Python file runs when the config names its path;
 - SIGKILL of the orchestrator mid-run, then `--resume`: every trajectory stored once, none
   admitted twice, the learner's consumed sequence numbers contiguous, no orphans;
@@ -192,25 +192,38 @@ def check_exactly_once(store: Store, run_id: str, steps: int) -> None:
         assert after.first_seq == before.last_seq + 1, "gap or repeat in consumed sequences"
 
 
-def test_short_job_on_postgresql_finishes_and_cleans_up(tmp_path, model_dir, pg_url):
-    """(The same on SQLite, the default: test_user_task_file_runs and most job tests.) With
-    selection weights on, the summary gives the weighted skew and the work beyond the weights."""
-    config = write_config(tmp_path, model_dir, steps=2, db_url=pg_url)
-    config.write_text(config.read_text() + '\n[admission]\nreweight = "propensity"\n')
-    proc = start(config)
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, output
+def test_two_jobs_at_once_on_one_postgresql_database(tmp_path, model_dir, pg_url):
+    """(One job on SQLite, the default: test_user_task_file_runs and most job tests.) Two short
+    jobs started together on one new PostgreSQL database, as several experiments can share a
+    store: both create it at once (its migrations take turns), both finish with their own run,
+    stream, learner steps and report, and leave no container. With selection weights on, each
+    summary gives the weighted skew and the work beyond the weights."""
+    jobs = {}
+    for name in ("pg-a", "pg-b"):
+        folder = tmp_path / name
+        folder.mkdir()
+        config = write_config(folder, model_dir, steps=2, db_url=pg_url)
+        config.write_text(config.read_text().replace('name = "fault"', f'name = "{name}"')
+                          + '\n[admission]\nreweight = "propensity"\n')
+        jobs[name] = start(config)
+    outputs = {name: job.communicate(timeout=420)[0] for name, job in jobs.items()}
+    for name, job in jobs.items():
+        assert job.returncode == 0, f"{name}:\n{outputs[name]}"
     store = Store.open(pg_url)
-    run = store.runs()[0]
-    assert run.status == "finished" and run.summary["learner_steps"] == 2
-    skew = run.summary["selection_skew"]
-    assert 0.0 <= skew["beyond_weights_share"] <= 1.0
-    assert f"generated work beyond the weights {skew['beyond_weights_share']:.3f}" in output
-    check_exactly_once(store, run.id, steps=2)
-    report = json.loads((tmp_path / "runs" / run.id / "report.json").read_text())
-    assert [row["step"] for row in report["learning_curve"]] == [1, 2]
-    assert "## learning curve" in (tmp_path / "runs" / run.id / "report.md").read_text()
-    wait_for(lambda: not containers_of(run.id), 60, "the run's containers to be removed")
+    runs = {run.name: run for run in store.runs()}
+    assert sorted(runs) == ["pg-a", "pg-b"]
+    for name, run in runs.items():
+        assert run.status == "finished" and run.summary["learner_steps"] == 2
+        skew = run.summary["selection_skew"]
+        assert 0.0 <= skew["beyond_weights_share"] <= 1.0
+        assert f"generated work beyond the weights {skew['beyond_weights_share']:.3f}" in \
+            outputs[name]
+        check_exactly_once(store, run.id, steps=2)
+        report = json.loads((tmp_path / name / "runs" / run.id / "report.json").read_text())
+        assert [row["step"] for row in report["learning_curve"]] == [1, 2]
+        assert "## learning curve" in (tmp_path / name / "runs" / run.id / "report.md").read_text()
+        wait_for(lambda run_id=run.id: not containers_of(run_id), 60,
+                 f"{name}'s containers to be removed")
     store.close()
 
 

@@ -4,6 +4,9 @@ a migration that changes a table keeps its rows and the rows that reference them
 from __future__ import annotations
 
 import difflib
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from alembic import command
@@ -124,6 +127,28 @@ def test_app_does_not_migrate_an_old_schema_implicitly(sqlite_url):
     upgrade(sqlite_url, "0001")
     with pytest.raises(StaleSchemaError, match="is at revision 0001.*stalewise db upgrade"):
         open_store_engine(sqlite_url, create=True)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_jobs_starting_at_once_on_a_new_store_all_open_it(backend, request):
+    """Three processes open one new database with `create` at the same moment, as jobs started
+    together on one store do: the migrations take turns, every process opens the store, and the
+    schema is at head once (on PostgreSQL, without the lock, the second to create the tables
+    failed on a duplicate key in the catalog)."""
+    url = request.getfixturevalue("sqlite_url" if backend == "sqlite" else "pg_url")
+    code = f"from core.store.store import Store; Store.open({url!r}, create=True).close()"
+    root = Path(__file__).resolve().parents[3]
+    openers = [subprocess.Popen([sys.executable, "-c", code], cwd=root, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+               for _ in range(3)]
+    outputs = [opener.communicate(timeout=120)[0] for opener in openers]
+    assert [o.returncode for o in openers] == [0, 0, 0], "\n".join(outputs)
+    assert _tables(url) == TABLES
+    engine = make_engine(url)
+    try:
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
 
 
 def _a_call_with_trainer_logprobs(url: str) -> tuple[int, SampledTokens]:

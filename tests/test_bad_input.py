@@ -20,6 +20,9 @@ the reason.
   trusted servers on the host and untrusted ones in a Docker sandbox. The server's
   `readOnlyHint` is exported, never trusted at run time.
 - Config: a wrong value in every section of the job config, and in the child processes' files.
+- The store: a PostgreSQL server that refuses connections, a database that does not exist, a
+  SQLite file whose folder cannot be made; for `stalewise run` (before any work), `audit`,
+  `db`, `view` and `audit export`, with the password never shown.
 """
 
 from __future__ import annotations
@@ -781,3 +784,80 @@ def test_the_learner_childs_config_file_gets_one_line(tmp_path):
     assert sorted(result.output.strip().splitlines()) == [
         f"error: {config}: batch_size: Input should be greater than or equal to 1 (got 0)",
         f"error: {config}: optimizer.lr: Input should be greater than 0 (got -1)"]
+
+
+# == the store ================================================================================
+
+@pytest.fixture
+def refused_pg_url():
+    """A PostgreSQL URL (with a password) whose port refuses connections: bound, never
+    listening."""
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    yield f"postgresql+psycopg://stalewise:s3cret@127.0.0.1:{port}/runs"
+    holder.close()
+
+
+def test_a_job_whose_store_is_unreachable_stops_at_once_with_one_line(tmp_path, refused_pg_url):
+    """Before any image is built or warm start trained: the field, the store (password hidden),
+    the driver's reason and what to check."""
+    from stalewise.cli import app
+
+    config = tmp_path / "job.toml"
+    config.write_text(f'[run]\ndb_url = "{refused_pg_url}"\n\n[tasks]\nfamily = "arith"\n')
+    result = runner.invoke(app, ["run", str(config)])
+    assert result.exit_code == 2, result.output
+    line = one_line(result.output.strip())
+    shown = refused_pg_url.replace("s3cret", "***")
+    assert line.startswith(f"error: {config}: run.db_url: cannot open the store at {shown}: "
+                           "connection failed: "), line
+    assert "Connection refused" in line and "s3cret" not in line
+    assert line.endswith("check that the PostgreSQL server is running there and that the host, "
+                         "port, user, password and database name are right"), line
+
+
+def test_a_sqlite_store_whose_folder_cannot_be_made_is_one_line(tmp_path):
+    from stalewise.cli import app
+
+    (tmp_path / "a-file").write_text("")
+    url = f"sqlite:///{tmp_path}/a-file/store.db"
+    config = tmp_path / "job.toml"
+    config.write_text(f'[run]\ndb_url = "{url}"\n\n[tasks]\nfamily = "arith"\n')
+    result = runner.invoke(app, ["run", str(config)])
+    assert result.exit_code == 2, result.output
+    line = one_line(result.output.strip())
+    assert line.startswith(f"error: {config}: run.db_url: cannot open the store at {url}: "), line
+    assert line.endswith("; check that its folder exists and is writable, or pass another "
+                         "path"), line
+
+
+@pytest.mark.parametrize("command", [["audit", "runs"], ["db", "check"], ["db", "upgrade"],
+                                     ["audit", "export", "OUT", "--run", "r", "--format", "jsonl"],
+                                     ["view"]],
+                         ids=" ".join)
+def test_the_commands_that_read_a_store_say_it_is_unreachable_in_one_line(
+        tmp_path, refused_pg_url, command):
+    from stalewise.cli import app
+
+    command = [str(tmp_path / "out.jsonl") if word == "OUT" else word for word in command]
+    result = runner.invoke(app, [*command, "--url", refused_pg_url])
+    assert result.exit_code == 1, result.output
+    line = one_line(result.output.strip())
+    assert line.startswith("error: cannot open the store at "
+                           f"{refused_pg_url.replace('s3cret', '***')}: "), line
+    assert "Connection refused" in line and "s3cret" not in line
+
+
+@pytest.mark.postgres
+def test_a_database_that_does_not_exist_is_named(pg_url):
+    from core.store.db import StoreUnreachableError
+    from core.store.store import Store
+
+    missing = pg_url + "_missing"
+    with pytest.raises(StoreUnreachableError) as caught:
+        Store.open(missing, create=True)
+    line = one_line(str(caught.value))
+    assert f'database "{missing.rsplit("/", 1)[1]}" does not exist' in line, line

@@ -15,13 +15,13 @@ def view_command(url: str = typer.Option(DEFAULT_URL, "--url",
     """Browse runs, dashboards, trajectories and tokens in a web browser (read-only)."""
     import uvicorn
 
-    from core.store.db import StaleSchemaError
+    from core.store.db import StoreOpenError
     from core.store.store import Store
     from viewer.app import create_app
 
     try:
         store = Store.open_readonly(url)
-    except (StaleSchemaError, FileNotFoundError) as exc:
+    except (StoreOpenError, FileNotFoundError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"stalewise view: http://{host}:{port}/ (read-only, {store.url}); Ctrl-C stops")

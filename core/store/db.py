@@ -15,6 +15,8 @@ PostgreSQL would refuse the second's with a duplicate key in its catalog.)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
@@ -23,6 +25,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from core.store import migrations
 
@@ -32,8 +35,48 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 MIGRATION_LOCK = 0x73746C77  # a PostgreSQL advisory lock's key ("stlw"), held while migrating
 
 
-class StaleSchemaError(RuntimeError):
+class StoreOpenError(RuntimeError):
+    """The store cannot be opened; the message says what is wrong and what fixes it."""
+
+
+class StaleSchemaError(StoreOpenError):
     """The database schema is not at the migrations' head."""
+
+
+class StoreUnreachableError(StoreOpenError):
+    """The database cannot be connected to: a server that is down or elsewhere, wrong
+    credentials or database name, a SQLite file that cannot be created or opened."""
+
+
+def shown_url(url: str) -> str:
+    """`url` as messages show it: normalized, any password as ***."""
+    return make_url(normalize_url(url)).render_as_string(hide_password=True)
+
+
+def reach(engine: Engine, url: str) -> None:
+    """Connect to the store once: a failure is `StoreUnreachableError` (see `reaching`), before
+    any work that would fail on it with a traceback."""
+    with reaching(url):
+        engine.connect().close()
+
+
+@contextmanager
+def reaching(url: str) -> Iterator[None]:
+    """A failure to connect inside (or to make a SQLite file's folder) becomes
+    `StoreUnreachableError`: one line that names the store and what to check, with the driver's
+    own words in the middle. Wrap connecting only: a failing statement is not unreachability."""
+    try:
+        yield
+    except (OperationalError, InterfaceError, OSError) as exc:
+        orig = getattr(exc, "orig", None) or exc
+        reason = " ".join(str(orig).split())
+        if make_url(normalize_url(url)).get_backend_name() == "sqlite":
+            fix = "check that its folder exists and is writable, or pass another path"
+        else:
+            fix = ("check that the PostgreSQL server is running there and that the host, port, "
+                   "user, password and database name are right")
+        raise StoreUnreachableError(
+            f"cannot open the store at {shown_url(url)}: {reason}; {fix}") from None
 
 
 def normalize_url(url: str) -> str:
@@ -129,8 +172,10 @@ def current_revision(engine: Engine) -> str | None:
 
 def _migrate(url: str, step, revision: str) -> None:
     """Run an Alembic command on our own connection (so SQLite gets its pragmas and locking)."""
-    engine = make_engine(url)
+    with reaching(url):
+        engine = make_engine(url)
     try:
+        reach(engine, url)
         with engine.begin() as connection:
             if connection.dialect.name == "postgresql":  # released when the transaction ends
                 connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
@@ -150,7 +195,9 @@ def downgrade(url: str, revision: str = "base") -> None:
 
 
 def check_schema(engine: Engine, url: str) -> None:
-    """Raise StaleSchemaError, naming the command that fixes it, unless the schema is at head."""
+    """Raise StaleSchemaError, naming the command that fixes it, unless the schema is at head
+    (StoreUnreachableError when the database cannot be reached)."""
+    reach(engine, url)
     current, head = current_revision(engine), head_revision()
     if current != head:
         state = "has no stalewise schema" if current is None else f"is at revision {current}"
@@ -163,7 +210,13 @@ def check_schema(engine: Engine, url: str) -> None:
 def open_store_engine(url: str = DEFAULT_URL, *, create: bool = False) -> Engine:
     """An engine on a store at head. With `create`, a new (empty) database gets the schema;
     a database at an older revision is never migrated implicitly: StaleSchemaError says how."""
-    engine = make_engine(url)
+    with reaching(url):  # a SQLite file's folder is made here
+        engine = make_engine(url)
+    try:
+        reach(engine, url)
+    except StoreUnreachableError:
+        engine.dispose()
+        raise
     tables = set(inspect(engine).get_table_names()) - {"alembic_version"}
     if create and current_revision(engine) is None and not tables:
         engine.dispose()

@@ -20,12 +20,12 @@ JSON = typer.Option(False, "--json", help="print JSON instead of tables")
 
 
 def _open(url: str):
-    from core.store.db import StaleSchemaError
+    from core.store.db import StoreOpenError
     from core.store.store import Store
 
     try:
         return Store.open(url)
-    except StaleSchemaError as exc:
+    except StoreOpenError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
 

@@ -1,13 +1,18 @@
-"""`stalewise db upgrade|downgrade|check|current`."""
+"""`stalewise db upgrade|downgrade|check`."""
 
 from __future__ import annotations
 
 import typer
 
-from core.store.db import DEFAULT_URL, StaleSchemaError, normalize_url
+from core.store.db import DEFAULT_URL, StoreOpenError, normalize_url
 
 app = typer.Typer(no_args_is_help=True)
 URL = typer.Option(DEFAULT_URL, "--url", help="SQLite path/URL or PostgreSQL URL")
+
+
+def _exit(exc: StoreOpenError) -> None:
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(1) from None
 
 
 @app.command()
@@ -15,7 +20,10 @@ def upgrade(url: str = URL, revision: str = typer.Argument("head")) -> None:
     """Migrate the database to REVISION (default: head), creating it if needed."""
     from core.store.db import upgrade as run_upgrade
 
-    run_upgrade(url, revision)
+    try:
+        run_upgrade(url, revision)
+    except StoreOpenError as exc:
+        _exit(exc)
     typer.echo(f"{normalize_url(url)}: at revision {revision}")
 
 
@@ -24,21 +32,27 @@ def downgrade(url: str = URL, revision: str = typer.Argument(...)) -> None:
     """Migrate the database down to REVISION ('base' removes every table)."""
     from core.store.db import downgrade as run_downgrade
 
-    run_downgrade(url, revision)
+    try:
+        run_downgrade(url, revision)
+    except StoreOpenError as exc:
+        _exit(exc)
     typer.echo(f"{normalize_url(url)}: at revision {revision}")
 
 
 @app.command()
 def check(url: str = URL) -> None:
     """Exit non-zero unless the schema is at head; says which command fixes it."""
-    from core.store.db import check_schema, make_engine
+    from core.store.db import check_schema, make_engine, reaching
 
-    engine = make_engine(url)
+    try:
+        with reaching(url):
+            engine = make_engine(url)
+    except StoreOpenError as exc:
+        _exit(exc)
     try:
         check_schema(engine, normalize_url(url))
-    except StaleSchemaError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+    except StoreOpenError as exc:
+        _exit(exc)
     finally:
         engine.dispose()
     typer.echo(f"{normalize_url(url)}: schema at head")

@@ -24,7 +24,7 @@ def export_command(out: Path = typer.Argument(..., help="output file (parquet, j
                    tokenizer: str | None = typer.Option(None, help="model dir for token text "
                                                         "(default: the run's model)")) -> None:
     """Export a run: Inspect AI eval log (one sample per trajectory) or one row per token."""
-    from core.store.db import StaleSchemaError
+    from core.store.db import StoreOpenError
     from core.store.store import Store
 
     if format not in FORMATS:
@@ -32,7 +32,7 @@ def export_command(out: Path = typer.Argument(..., help="output file (parquet, j
         raise typer.Exit(2)
     try:
         store = Store.open_readonly(url)
-    except (StaleSchemaError, FileNotFoundError) as exc:
+    except (StoreOpenError, FileNotFoundError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     try:

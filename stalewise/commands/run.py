@@ -64,14 +64,27 @@ def build_images_or_exit(job, family, config: Path) -> None:
             raise typer.Exit(2) from None
 
 
+def open_store_or_exit(job, config: Path) -> None:
+    """Open (and for a new store, create) the job's store now, so an unreachable database fails
+    in one line before any image is built or warm start trained."""
+    from core.store.db import StoreOpenError
+    from core.store.store import Store
+
+    try:
+        Store.open(job.run.db_url, create=True).close()
+    except StoreOpenError as exc:
+        typer.echo(f"error: {config}: run.db_url: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 def check_resumable_or_exit(job, run_id: str) -> None:
-    from core.store.db import StaleSchemaError
+    from core.store.db import StoreOpenError
     from core.store.store import Store
     from orchestrator.resume import ResumeError, check_resumable
 
     try:
         store = Store.open(job.run.db_url)
-    except StaleSchemaError as exc:
+    except StoreOpenError as exc:
         typer.echo(f"error: --resume {run_id}: {exc}", err=True)
         raise typer.Exit(2) from None
     try:
@@ -109,6 +122,8 @@ def run_command(config: Path = typer.Argument(..., help="job config (TOML)"),
         typer.echo(json.dumps(job.model_dump(mode="json"), indent=2))
         typer.echo(f"{config}: config is valid", err=True)
         return
+    if resume is None:
+        open_store_or_exit(job, config)
     build_images_or_exit(job, family, config)
     from orchestrator.job import run_job
 

@@ -41,7 +41,8 @@ class RunConfig(Section):
 
 class ModelConfig(Section):
     path: str = Field("var/models/tiny", description="local Hugging Face checkpoint directory")
-    create_tiny: bool = Field(True, description="create the tiny default model if PATH is missing")
+    create_tiny: bool = Field(True, description="create the tiny default model of run.seed if "
+                              "PATH is missing (PATH-seedN beside a tiny model of another seed)")
     chat_format: Literal["auto", "hermes", "template", "qwen2.5", "qwen3", "llama3.1",
                          "mistral-v0.3"] = Field(
         "auto", description="auto = the family recognised from the checkpoint's chat template, "

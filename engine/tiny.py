@@ -2,12 +2,14 @@
 
 Nothing is downloaded: the config and weights are created here and saved with the character
 tokenizer in Hugging Face format, so every component loads the directory like any checkpoint.
+The weights are a function of the seed alone, and the folder records it (`core.tiny`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from core.tiny import write_tiny_seed
 from core.tiny_tokenizer import save_tiny_tokenizer
 
 
@@ -39,4 +41,5 @@ def init_tiny(directory: str | Path, *, seed: int = 0, hidden: int = 128, layers
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(str(directory), safe_serialization=True)
+    write_tiny_seed(directory, seed)
     return directory

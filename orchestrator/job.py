@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import signal
 import time
 import traceback
@@ -36,6 +37,7 @@ from core.open_files import raise_open_files
 from core.store import audit
 from core.store.outage import Outage, first_line
 from core.store.store import Store
+from core.tiny import tiny_seed
 from core.tokenizer import load_tokenizer
 from orchestrator.cluster.roles import RayLearners
 from orchestrator.engines.fleet import EngineFleet
@@ -60,20 +62,47 @@ def new_run_id(name: str) -> str:
 
 
 async def ensure_model(job: JobConfig) -> Path:
+    """The checkpoint the job starts from: `model.path`, or with `model.create_tiny` the tiny
+    model of the run's seed. A tiny model at `model.path` made with another seed (an earlier
+    run of another seed in this checkout) is left alone: this run makes and uses its own beside
+    it (`PATH-seedN`), so `--set run.seed=N` gives the same weights as in a fresh clone, whatever
+    ran before. A new tiny model is written to a temporary folder and renamed into place, so a
+    job started beside another never reads a half-written one."""
     path = Path(job.model.path)
+    seed = job.run.seed
     if (path / "config.json").exists():
-        return path
-    if not job.model.create_tiny:
+        made_with = tiny_seed(path)
+        if not job.model.create_tiny or made_with is None or made_with == seed:
+            return path
+        log.info("the tiny model there was made with another seed; using this seed's",
+                 path=str(path), its_seed=made_with, seed=seed)
+        path = path.with_name(f"{path.name}-seed{seed}")
+        if (path / "config.json").exists():
+            return path
+    elif not job.model.create_tiny:
         raise FileNotFoundError(f"model.path = {path} holds no checkpoint (config.json missing); "
                                 f"point it at a Hugging Face model directory or set "
                                 f"model.create_tiny = true")
-    log.info("creating the tiny default model", path=str(path))
-    await run_to_end(Child.start("model", python_command(
-        "-m", "stalewise", "model", "init-tiny", str(path), "--seed", str(job.run.seed)),
-        path.parent / "init-tiny.log"))
-    if not (path / "config.json").exists():
-        raise RuntimeError(f"could not create the tiny model in {path}; see "
-                           f"{path.parent / 'init-tiny.log'}")
+    log.info("creating the tiny default model", path=str(path), seed=seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    try:
+        await run_to_end(Child.start("model", python_command(
+            "-m", "stalewise", "model", "init-tiny", str(scratch), "--seed", str(seed)),
+            path.parent / "init-tiny.log"))
+        if not (scratch / "config.json").exists():
+            raise RuntimeError(f"could not create the tiny model in {path}; see "
+                               f"{path.parent / 'init-tiny.log'}")
+        try:
+            scratch.rename(path)  # replaces nothing but an empty folder
+        except OSError:
+            if not (path / "config.json").exists():
+                raise RuntimeError(f"model.path = {path} exists but holds no checkpoint "
+                                   f"(config.json missing); remove it, or point model.path "
+                                   f"elsewhere") from None
+            # a job beside this one made it first: the same seed, the same weights
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return path
 
 

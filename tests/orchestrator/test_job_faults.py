@@ -1,7 +1,7 @@
 """`stalewise run` end to end, and its fault tolerance, with real processes, Docker and SQLite.
 
-- a short async job finishes, on SQLite, and two at once on one new PostgreSQL database:
-  learner steps done, report written, no containers left;
+- short async jobs finish, two at once on one new store, SQLite and PostgreSQL: learner steps
+  done, report written, no containers left;
 - a user's task family in one Python file runs when the config names its path;
 - SIGKILL of the orchestrator mid-run, then `--resume`: every trajectory stored once, none
   admitted twice, the learner's consumed sequence numbers contiguous, no orphans;
@@ -192,26 +192,29 @@ def check_exactly_once(store: Store, run_id: str, steps: int) -> None:
         assert after.first_seq == before.last_seq + 1, "gap or repeat in consumed sequences"
 
 
-def test_two_jobs_at_once_on_one_postgresql_database(tmp_path, model_dir, pg_url):
-    """(One job on SQLite, the default: test_user_task_file_runs and most job tests.) Two short
-    jobs started together on one new PostgreSQL database, as several experiments can share a
-    store: both create it at once (its migrations take turns), both finish with their own run,
-    stream, learner steps and report, and leave no container. With selection weights on, each
-    summary gives the weighted skew and the work beyond the weights."""
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_two_jobs_at_once_on_one_store(tmp_path, model_dir, backend, request):
+    """Two short jobs started together on one new store, as two experiments in one checkout
+    share the default store (SQLite), or a team's PostgreSQL database: both create it at once
+    (its migrations take turns), both finish with their own run, stream, learner steps and
+    report, and leave no container. With selection weights on, each summary gives the weighted
+    skew and the work beyond the weights."""
+    db_url = (f"sqlite:///{tmp_path}/shared.db" if backend == "sqlite"
+              else request.getfixturevalue("pg_url"))
     jobs = {}
-    for name in ("pg-a", "pg-b"):
+    for name in ("job-a", "job-b"):
         folder = tmp_path / name
         folder.mkdir()
-        config = write_config(folder, model_dir, steps=2, db_url=pg_url)
+        config = write_config(folder, model_dir, steps=2, db_url=db_url)
         config.write_text(config.read_text().replace('name = "fault"', f'name = "{name}"')
                           + '\n[admission]\nreweight = "propensity"\n')
         jobs[name] = start(config)
     outputs = {name: job.communicate(timeout=420)[0] for name, job in jobs.items()}
     for name, job in jobs.items():
         assert job.returncode == 0, f"{name}:\n{outputs[name]}"
-    store = Store.open(pg_url)
+    store = Store.open(db_url)
     runs = {run.name: run for run in store.runs()}
-    assert sorted(runs) == ["pg-a", "pg-b"]
+    assert sorted(runs) == ["job-a", "job-b"]
     for name, run in runs.items():
         assert run.status == "finished" and run.summary["learner_steps"] == 2
         skew = run.summary["selection_skew"]

@@ -1,0 +1,71 @@
+"""The checkpoint a job starts from (`orchestrator.job.ensure_model`), with the real
+`stalewise model init-tiny` child.
+
+- `--set run.seed=N` gives the tiny model of seed N whatever ran before in the checkout: a tiny
+  model at `model.path` made with another seed stays as it is, and the run makes its own beside
+  it (`PATH-seedN`), with the very weights a fresh clone would make;
+- two jobs that start together on a missing `model.path` both get one whole model, and no
+  scratch folder is left;
+- a checkpoint that records no tiny seed (any other model) is used as it is, whatever the seed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+
+from config.job import parse_config
+from core.tiny import tiny_seed
+from engine.tiny import init_tiny
+from orchestrator.job import ensure_model
+
+
+def _job(path: Path, seed: int):
+    return parse_config({"run": {"seed": seed}, "model": {"path": str(path)}})
+
+
+def _weights(path: Path) -> bytes:
+    return (path / "model.safetensors").read_bytes()
+
+
+def test_each_seed_gets_its_own_tiny_model_whatever_ran_before(tmp_path):
+    shared = tmp_path / "models" / "tiny"
+    first = anyio.run(ensure_model, _job(shared, 0))
+    assert first == shared and tiny_seed(shared) == 0
+    before = _weights(shared)
+
+    second = anyio.run(ensure_model, _job(shared, 1))
+    assert second == tmp_path / "models" / "tiny-seed1" and tiny_seed(second) == 1
+    assert _weights(second) == _weights(init_tiny(tmp_path / "fresh-clone", seed=1))
+    assert _weights(shared) == before and _weights(second) != before
+
+    assert anyio.run(ensure_model, _job(shared, 1)) == second  # made once
+    assert anyio.run(ensure_model, _job(shared, 0)) == shared
+    assert sorted(p.name for p in shared.parent.iterdir() if p.is_dir()) == ["tiny",
+                                                                            "tiny-seed1"]
+
+
+def test_two_jobs_starting_together_share_one_whole_model(tmp_path):
+    path = tmp_path / "models" / "tiny"
+    got = []
+
+    async def both() -> None:
+        async def one() -> None:
+            got.append(await ensure_model(_job(path, 3)))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(one)
+            group.start_soon(one)
+
+    anyio.run(both)
+    assert got == [path, path] and tiny_seed(path) == 3
+    assert _weights(path) == _weights(init_tiny(tmp_path / "fresh-clone", seed=3))
+    assert [p.name for p in path.parent.iterdir() if p.is_dir()] == ["tiny"]  # no scratch left
+
+
+def test_a_checkpoint_without_a_tiny_seed_is_used_as_it_is(tmp_path):
+    model = init_tiny(tmp_path / "mine", seed=5)
+    (model / "stalewise-tiny.json").unlink()  # as any other checkpoint, or an older tiny model
+    assert anyio.run(ensure_model, _job(model, 0)) == model
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]

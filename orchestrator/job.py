@@ -257,6 +257,8 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
             await anyio.to_thread.run_sync(_check_docker, job)
         # children started from the main thread (the event loop's) die with this process
         model_dir = await ensure_model(job)
+        start_model = {"path": str(model_dir), "tiny_seed": tiny_seed(model_dir)}
+        log.info("starting model", **start_model)
         if job.learner.sft.enabled and not resume:
             model_dir = await warm_start(job, model_dir, run_dir)
         version, path, _, _ = store.learner_progress(run_id)
@@ -273,6 +275,7 @@ async def _run(job: JobConfig, resume: str | None, outcome: dict) -> int:
                                                                     run_dir), log=log.warning))
         summary = await _main(job, store, run_id, run_dir, model_dir, engines, learner_proc,
                               version, resume is not None)
+        summary["start_model"] = start_model  # model.path, or the seed's tiny model beside it
         if not await _record_status(job, store, run_id, "finished", summary=summary):
             return 1
         log.info("run finished", report=str(run_dir / "report.md"))

@@ -197,8 +197,8 @@ def test_two_jobs_at_once_on_one_store(tmp_path, model_dir, backend, request):
     """Two short jobs started together on one new store, as two experiments in one checkout
     share the default store (SQLite), or a team's PostgreSQL database: both create it at once
     (its migrations take turns), both finish with their own run, stream, learner steps and
-    report, and leave no container. With selection weights on, each summary gives the weighted
-    skew and the work beyond the weights."""
+    report, and leave no container. Each summary names the model it started from, and (with
+    selection weights on) the weighted skew and the work beyond the weights."""
     db_url = (f"sqlite:///{tmp_path}/shared.db" if backend == "sqlite"
               else request.getfixturevalue("pg_url"))
     jobs = {}
@@ -217,6 +217,7 @@ def test_two_jobs_at_once_on_one_store(tmp_path, model_dir, backend, request):
     assert sorted(runs) == ["job-a", "job-b"]
     for name, run in runs.items():
         assert run.status == "finished" and run.summary["learner_steps"] == 2
+        assert run.summary["start_model"] == {"path": str(model_dir), "tiny_seed": 0}
         skew = run.summary["selection_skew"]
         assert 0.0 <= skew["beyond_weights_share"] <= 1.0
         assert f"generated work beyond the weights {skew['beyond_weights_share']:.3f}" in \

@@ -66,7 +66,8 @@ def build_images_or_exit(job, family, config: Path) -> None:
 
 def open_store_or_exit(job, config: Path) -> None:
     """Open (and for a new store, create) the job's store now, so an unreachable database fails
-    in one line before any image is built or warm start trained."""
+    in one line before the warm start and the engines, and after the checks that create no
+    store (a task image that cannot be built leaves no store behind)."""
     from core.store.db import StoreOpenError
     from core.store.store import Store
 
@@ -122,9 +123,9 @@ def run_command(config: Path = typer.Argument(..., help="job config (TOML)"),
         typer.echo(json.dumps(job.model_dump(mode="json"), indent=2))
         typer.echo(f"{config}: config is valid", err=True)
         return
+    build_images_or_exit(job, family, config)
     if resume is None:
         open_store_or_exit(job, config)
-    build_images_or_exit(job, family, config)
     from orchestrator.job import run_job
 
     if seeds is None:

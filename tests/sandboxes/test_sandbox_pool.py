@@ -61,22 +61,27 @@ async def test_warm_pool_hands_out_fresh_started_containers(docker_client: Any) 
 
 
 class CountingSandbox(LocalSandbox):
-    """A local sandbox that records how many instances are alive at once."""
+    """A local sandbox that records how many instances are alive at once: from the end of a
+    start to the close. (A start cancelled part-way, as the pool cancels its start-ahead at
+    shutdown, closes itself without having counted: it is not counted out either.)"""
 
     alive = 0
     peak = 0
     failures_left = 0
+    counted = False
 
     async def start(self) -> None:
         if CountingSandbox.failures_left > 0:
             CountingSandbox.failures_left -= 1
             raise SandboxError("injected start failure")
         await super().start()
+        self.counted = True
         CountingSandbox.alive += 1
         CountingSandbox.peak = max(CountingSandbox.peak, CountingSandbox.alive)
 
     async def close(self) -> None:
-        if self._session is not None and not self._closed:
+        if self.counted:
+            self.counted = False
             CountingSandbox.alive -= 1
         await super().close()
 

@@ -97,9 +97,9 @@ async def ensure_model(job: JobConfig) -> Path:
             scratch.rename(path)  # replaces nothing but an empty folder
         except OSError:
             if not (path / "config.json").exists():
-                raise RuntimeError(f"model.path = {path} exists but holds no checkpoint "
-                                   f"(config.json missing); remove it, or point model.path "
-                                   f"elsewhere") from None
+                raise RuntimeError(f"{path} exists but holds no checkpoint (config.json "
+                                   f"missing), so the tiny model cannot be made there; remove "
+                                   f"it, or point model.path elsewhere") from None
             # a job beside this one made it first: the same seed, the same weights
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

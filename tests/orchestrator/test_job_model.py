@@ -6,7 +6,8 @@
   it (`PATH-seedN`), with the very weights a fresh clone would make;
 - two jobs that start together on a missing `model.path` both get one whole model, and no
   scratch folder is left;
-- a checkpoint that records no tiny seed (any other model) is used as it is, whatever the seed.
+- a checkpoint that records no tiny seed (any other model) is used as it is, whatever the seed;
+- a folder in the way (no checkpoint in it) is named, with what to do.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import pytest
 
 from config.job import parse_config
 from core.tiny import tiny_seed
@@ -69,3 +71,13 @@ def test_a_checkpoint_without_a_tiny_seed_is_used_as_it_is(tmp_path):
     (model / "stalewise-tiny.json").unlink()  # as any other checkpoint, or an older tiny model
     assert anyio.run(ensure_model, _job(model, 0)) == model
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_a_folder_in_the_way_is_named_with_the_fix(tmp_path):
+    path = tmp_path / "models" / "tiny"
+    path.mkdir(parents=True)
+    (path / "leftover.bin").write_text("x")  # a crashed copy, say: no config.json
+    with pytest.raises(RuntimeError, match=r"tiny exists but holds no checkpoint \(config.json "
+                                           r"missing\).*remove it, or point model.path"):
+        anyio.run(ensure_model, _job(path, 0))
+    assert [p.name for p in path.parent.iterdir() if p.is_dir()] == ["tiny"]  # no scratch left

@@ -48,20 +48,32 @@ class StoreUnreachableError(StoreOpenError):
     credentials or database name, a SQLite file that cannot be created or opened."""
 
 
-def shown_url(url: str) -> str:
+def _shown_url(url: str) -> str:
     """`url` as messages show it: normalized, any password as ***."""
     return make_url(normalize_url(url)).render_as_string(hide_password=True)
 
 
+def reached_engine(url: str) -> Engine:
+    """`make_engine(url)` once a connection to it has opened (see `reach`)."""
+    with _reaching(url):  # a SQLite file's folder is made here
+        engine = make_engine(url)
+    reach(engine, url)
+    return engine
+
+
 def reach(engine: Engine, url: str) -> None:
-    """Connect to the store once: a failure is `StoreUnreachableError` (see `reaching`), before
-    any work that would fail on it with a traceback."""
-    with reaching(url):
-        engine.connect().close()
+    """Connect to the store once, before any work that would fail on it with a traceback: a
+    failure disposes of `engine` and is `StoreUnreachableError` (see `_reaching`)."""
+    try:
+        with _reaching(url):
+            engine.connect().close()
+    except StoreUnreachableError:
+        engine.dispose()
+        raise
 
 
 @contextmanager
-def reaching(url: str) -> Iterator[None]:
+def _reaching(url: str) -> Iterator[None]:
     """A failure to connect inside (or to make a SQLite file's folder) becomes
     `StoreUnreachableError`: one line that names the store and what to check, with the driver's
     own words in the middle. Wrap connecting only: a failing statement is not unreachability."""
@@ -76,7 +88,7 @@ def reaching(url: str) -> Iterator[None]:
             fix = ("check that the PostgreSQL server is running there and that the host, port, "
                    "user, password and database name are right")
         raise StoreUnreachableError(
-            f"cannot open the store at {shown_url(url)}: {reason}; {fix}") from None
+            f"cannot open the store at {_shown_url(url)}: {reason}; {fix}") from None
 
 
 def normalize_url(url: str) -> str:
@@ -146,6 +158,7 @@ def make_readonly_engine(url: str = DEFAULT_URL) -> Engine:
 def open_readonly_engine(url: str = DEFAULT_URL) -> Engine:
     """A read-only engine on a store at head (StaleSchemaError says how to migrate)."""
     engine = make_readonly_engine(url)
+    reach(engine, url)
     try:
         check_schema(engine, normalize_url(url))
     except BaseException:
@@ -172,10 +185,8 @@ def current_revision(engine: Engine) -> str | None:
 
 def _migrate(url: str, step, revision: str) -> None:
     """Run an Alembic command on our own connection (so SQLite gets its pragmas and locking)."""
-    with reaching(url):
-        engine = make_engine(url)
+    engine = reached_engine(url)
     try:
-        reach(engine, url)
         with engine.begin() as connection:
             if connection.dialect.name == "postgresql":  # released when the transaction ends
                 connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
@@ -196,8 +207,7 @@ def downgrade(url: str, revision: str = "base") -> None:
 
 def check_schema(engine: Engine, url: str) -> None:
     """Raise StaleSchemaError, naming the command that fixes it, unless the schema is at head
-    (StoreUnreachableError when the database cannot be reached)."""
-    reach(engine, url)
+    (`reach` the engine first for a one-line error when the database cannot be reached)."""
     current, head = current_revision(engine), head_revision()
     if current != head:
         state = "has no stalewise schema" if current is None else f"is at revision {current}"
@@ -210,13 +220,7 @@ def check_schema(engine: Engine, url: str) -> None:
 def open_store_engine(url: str = DEFAULT_URL, *, create: bool = False) -> Engine:
     """An engine on a store at head. With `create`, a new (empty) database gets the schema;
     a database at an older revision is never migrated implicitly: StaleSchemaError says how."""
-    with reaching(url):  # a SQLite file's folder is made here
-        engine = make_engine(url)
-    try:
-        reach(engine, url)
-    except StoreUnreachableError:
-        engine.dispose()
-        raise
+    engine = reached_engine(url)
     tables = set(inspect(engine).get_table_names()) - {"alembic_version"}
     if create and current_revision(engine) is None and not tables:
         engine.dispose()

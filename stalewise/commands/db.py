@@ -42,11 +42,10 @@ def downgrade(url: str = URL, revision: str = typer.Argument(...)) -> None:
 @app.command()
 def check(url: str = URL) -> None:
     """Exit non-zero unless the schema is at head; says which command fixes it."""
-    from core.store.db import check_schema, make_engine, reaching
+    from core.store.db import check_schema, reached_engine
 
     try:
-        with reaching(url):
-            engine = make_engine(url)
+        engine = reached_engine(url)
     except StoreOpenError as exc:
         _exit(exc)
     try:

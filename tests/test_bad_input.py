@@ -22,7 +22,8 @@ the reason.
 - Config: a wrong value in every section of the job config, and in the child processes' files.
 - The store: a PostgreSQL server that refuses connections, a database that does not exist, a
   SQLite file whose folder cannot be made; for `stalewise run` (before any work), `audit`,
-  `db`, `view` and `audit export`, with the password never shown.
+  `db`, `view` and `audit export`, with the password never shown. A SQLite path where no file
+  is, given to a command that reads a store: named, and never created.
 """
 
 from __future__ import annotations
@@ -849,6 +850,39 @@ def test_the_commands_that_read_a_store_say_it_is_unreachable_in_one_line(
     assert line.startswith("error: cannot open the store at "
                            f"{refused_pg_url.replace('s3cret', '***')}: "), line
     assert "Connection refused" in line and "s3cret" not in line
+
+
+@pytest.mark.parametrize("command", [["audit", "runs"], ["audit", "show", "1"],
+                                     ["audit", "steps", "--run", "r"], ["db", "check"],
+                                     ["db", "downgrade", "base"],
+                                     ["audit", "export", "OUT", "--run", "r", "--format", "jsonl"],
+                                     ["view"]],
+                         ids=" ".join)
+@pytest.mark.parametrize("form", ["path", "url"])
+def test_a_sqlite_store_that_is_not_there_is_named_and_not_created(tmp_path, monkeypatch,
+                                                                   command, form):
+    """A typo, or a relative path given from another folder, used to create an empty database
+    there and then say it needed `db upgrade`: the message names the absolute path looked at."""
+    from stalewise.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    command = [str(tmp_path / "out.jsonl") if word == "OUT" else word for word in command]
+    url = "var/typo/stalewise.db" if form == "path" else "sqlite:///var/typo/stalewise.db"
+    result = runner.invoke(app, [*command, "--url", url])
+    assert result.exit_code == 1, result.output
+    line = one_line(result.output.strip())
+    assert line.startswith(f"error: no store at {tmp_path}/var/typo/stalewise.db: no such "
+                           "file; pass --url with the store a job wrote"), line
+    assert not (tmp_path / "var").exists()
+
+
+def test_db_upgrade_still_creates_a_new_sqlite_store(tmp_path):
+    from stalewise.cli import app
+
+    url = f"sqlite:///{tmp_path}/new/stalewise.db"
+    assert runner.invoke(app, ["db", "upgrade", "--url", url]).exit_code == 0
+    result = runner.invoke(app, ["db", "check", "--url", url])
+    assert result.exit_code == 0 and "schema at head" in result.output, result.output
 
 
 @pytest.mark.postgres

@@ -21,7 +21,7 @@ def view_command(url: str = typer.Option(DEFAULT_URL, "--url",
 
     try:
         store = Store.open_readonly(url)
-    except (StoreOpenError, FileNotFoundError) as exc:
+    except StoreOpenError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"stalewise view: http://{host}:{port}/ (read-only, {store.url}); Ctrl-C stops")

@@ -48,6 +48,25 @@ class StoreUnreachableError(StoreOpenError):
     credentials or database name, a SQLite file that cannot be created or opened."""
 
 
+class StoreMissingError(StoreOpenError):
+    """A command that reads a store was given a SQLite path where no file is: it names the
+    path it looked at and never creates one."""
+
+
+def require_existing(url: str) -> None:
+    """Raise StoreMissingError when `url` is a SQLite file that does not exist (a typo, a
+    relative path from another folder, a job that has not run yet). Commands that only read or
+    check a store call this first, so a wrong --url leaves no empty database behind."""
+    parsed = make_url(normalize_url(url))
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return
+    path = Path(parsed.database)
+    if not path.is_file():
+        raise StoreMissingError(
+            f"no store at {path.resolve()}: no such file; pass --url with the store a job "
+            "wrote (its config's run.db_url; a relative path counts from the current folder)")
+
+
 def _shown_url(url: str) -> str:
     """`url` as messages show it: normalized, any password as ***."""
     return make_url(normalize_url(url)).render_as_string(hide_password=True)
@@ -136,9 +155,8 @@ def make_readonly_engine(url: str = DEFAULT_URL) -> Engine:
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=4,
                              connect_args={"options": "-c default_transaction_read_only=on"})
+    require_existing(url)
     path = Path(parsed.database or "")
-    if not path.is_file():
-        raise FileNotFoundError(f"no SQLite database at {path}; pass the --url of a run's store")
     ro_url = f"sqlite:///file:{path.resolve()}?mode=ro&uri=true"
     engine = create_engine(ro_url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
                                                  "check_same_thread": False})
@@ -183,8 +201,11 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(connection).get_current_revision()
 
 
-def _migrate(url: str, step, revision: str) -> None:
-    """Run an Alembic command on our own connection (so SQLite gets its pragmas and locking)."""
+def _migrate(url: str, step, revision: str, *, create: bool) -> None:
+    """Run an Alembic command on our own connection (so SQLite gets its pragmas and locking);
+    only with `create` may a SQLite file be made."""
+    if not create:
+        require_existing(url)
     engine = reached_engine(url)
     try:
         with engine.begin() as connection:
@@ -198,11 +219,11 @@ def _migrate(url: str, step, revision: str) -> None:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    _migrate(url, command.upgrade, revision)
+    _migrate(url, command.upgrade, revision, create=True)
 
 
 def downgrade(url: str, revision: str = "base") -> None:
-    _migrate(url, command.downgrade, revision)
+    _migrate(url, command.downgrade, revision, create=False)
 
 
 def check_schema(engine: Engine, url: str) -> None:
@@ -219,7 +240,10 @@ def check_schema(engine: Engine, url: str) -> None:
 
 def open_store_engine(url: str = DEFAULT_URL, *, create: bool = False) -> Engine:
     """An engine on a store at head. With `create`, a new (empty) database gets the schema;
-    a database at an older revision is never migrated implicitly: StaleSchemaError says how."""
+    a database at an older revision is never migrated implicitly: StaleSchemaError says how.
+    Without `create`, a SQLite file that does not exist is StoreMissingError, not made."""
+    if not create:
+        require_existing(url)
     engine = reached_engine(url)
     tables = set(inspect(engine).get_table_names()) - {"alembic_version"}
     if create and current_revision(engine) is None and not tables:

@@ -32,7 +32,7 @@ def export_command(out: Path = typer.Argument(..., help="output file (parquet, j
         raise typer.Exit(2)
     try:
         store = Store.open_readonly(url)
-    except (StoreOpenError, FileNotFoundError) as exc:
+    except StoreOpenError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     try:

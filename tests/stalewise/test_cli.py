@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,10 @@ def _synthetic_run(url: str, model_dir: Path) -> int:
 
 def test_db_upgrade_and_check(tmp_path):
     url = f"sqlite:///{tmp_path / 'a.db'}"
+    result = runner.invoke(app, ["db", "check", "--url", url])
+    assert result.exit_code == 1 and f"no store at {tmp_path / 'a.db'}" in result.output
+    assert not (tmp_path / "a.db").exists()
+    sqlite3.connect(tmp_path / "a.db").close()  # a database without our schema
     result = runner.invoke(app, ["db", "check", "--url", url])
     assert result.exit_code == 1
     assert f"stalewise db upgrade --url {url}" in result.output
@@ -113,7 +118,7 @@ def test_audit_show_puts_the_trainer_logprob_next_to_the_sampler(tmp_path):
 
 def test_view_refuses_a_missing_database(tmp_path):
     result = runner.invoke(app, ["view", "--url", str(tmp_path / "none.db")])
-    assert result.exit_code == 1 and "no SQLite database at" in result.output
+    assert result.exit_code == 1 and f"no store at {tmp_path / 'none.db'}" in result.output
 
 
 def test_export_refuses_an_unknown_format_and_run(tmp_path):

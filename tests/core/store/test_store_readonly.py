@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.exc import DBAPIError
 
-from core.store.db import StaleSchemaError, upgrade
+from core.store.db import StaleSchemaError, StoreMissingError, upgrade
 from core.store.store import Store
 
 
@@ -39,8 +39,9 @@ def test_postgres_readonly_store_refuses_writes(pg_url):
 
 
 def test_readonly_store_needs_an_existing_database_at_head(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no SQLite database at"):
+    with pytest.raises(StoreMissingError, match=f"no store at {tmp_path / 'missing.db'}: "):
         Store.open_readonly(str(tmp_path / "missing.db"))
+    assert not (tmp_path / "missing.db").exists()
     url = f"sqlite:///{tmp_path / 'old.db'}"
     upgrade(url, "0001")
     with pytest.raises(StaleSchemaError, match="stalewise db upgrade"):

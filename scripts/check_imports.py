@@ -3,8 +3,8 @@
 `.ci/run` runs this on the demo's install (`make setup`: the base dependencies only) before
 `make test` adds the tests' packages, so a module that needs a package only the tests bring
 fails here instead of in a newcomer's `make demo` (tests/test_dependencies.py checks the same
-statically). The Alembic migrations (they run inside Alembic) and the `__main__` modules (importing one runs
-its command) are left out.
+statically). The Alembic migrations (they run inside Alembic) and the `__main__` modules
+(importing one runs its command) are left out.
 """
 
 from __future__ import annotations

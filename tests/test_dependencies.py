@@ -79,35 +79,29 @@ def third_party_imports(source: str, file: str) -> list[Import]:
     """The imports of packages that are neither ours nor the standard library's."""
     found: list[Import] = []
 
-    def visit(node: ast.AST, on_load: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
+    def visit(nodes: list[ast.AST], on_load: bool) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and _is_type_checking(node):
                 continue
-            if isinstance(child, (ast.Import, ast.ImportFrom)):
-                if isinstance(child, ast.ImportFrom):
-                    names = [] if child.level or not child.module else [child.module]
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                if isinstance(node, ast.ImportFrom):
+                    names = [] if node.level or not node.module else [node.module]
                 else:
-                    names = [alias.name for alias in child.names]
+                    names = [alias.name for alias in node.names]
                 for name in names:
                     top = name.split(".")[0]
                     if top not in SCANNED and top not in sys.stdlib_module_names \
                             and top != "__future__":
-                        found.append(Import(file, child.lineno, top, on_load))
-            inner = on_load and not isinstance(
-                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-            if isinstance(child, ast.Try) and _guards_import_errors(child):
-                for part in child.body:
-                    visit_one(part, on_load=False)
-                for part in (*child.handlers, *child.orelse, *child.finalbody):
-                    visit_one(part, on_load=inner)
+                        found.append(Import(file, node.lineno, top, on_load))
+            if isinstance(node, ast.Try) and _guards_import_errors(node):
+                visit(node.body, False)
+                visit([*node.handlers, *node.orelse, *node.finalbody], on_load)
                 continue
-            visit(child, inner)
+            inner = on_load and not isinstance(
+                node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            visit(list(ast.iter_child_nodes(node)), inner)
 
-    def visit_one(node: ast.AST, on_load: bool) -> None:
-        holder = ast.Module(body=[node], type_ignores=[])
-        visit(holder, on_load)
-
-    visit(ast.parse(source), True)
+    visit(ast.parse(source).body, True)
     return found
 
 

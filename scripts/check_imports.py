@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import importlib
 import sys
+import tomllib
 import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "config", "orchestrator", "sandboxes", "tasks", "engine", "learner", "lab",
-            "viewer", "stalewise")
+# the installed packages, as pyproject.toml names them ("core*" -> "core")
+PACKAGES = tuple(pattern.rstrip("*") for pattern in tomllib.loads(
+    (ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"])
 LEFT_OUT = ("core.store.migrations.",)
 
 

@@ -53,10 +53,10 @@ class StoreMissingError(StoreOpenError):
     path it looked at and never creates one."""
 
 
-def require_existing(url: str) -> None:
+def _require_existing(url: str) -> None:
     """Raise StoreMissingError when `url` is a SQLite file that does not exist (a typo, a
-    relative path from another folder, a job that has not run yet). Commands that only read or
-    check a store call this first, so a wrong --url leaves no empty database behind."""
+    relative path from another folder, a job that has not run yet), so that opening a store
+    without `create` leaves no empty database behind."""
     parsed = make_url(normalize_url(url))
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return
@@ -72,8 +72,11 @@ def _shown_url(url: str) -> str:
     return make_url(normalize_url(url)).render_as_string(hide_password=True)
 
 
-def reached_engine(url: str) -> Engine:
-    """`make_engine(url)` once a connection to it has opened (see `reach`)."""
+def reached_engine(url: str, *, create: bool = False) -> Engine:
+    """`make_engine(url)` once a connection to it has opened (see `reach`). Only with `create`
+    may a SQLite file (and its folder) be made: without, a missing one is StoreMissingError."""
+    if not create:
+        _require_existing(url)
     with _reaching(url):  # a SQLite file's folder is made here
         engine = make_engine(url)
     reach(engine, url)
@@ -155,7 +158,7 @@ def make_readonly_engine(url: str = DEFAULT_URL) -> Engine:
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=4,
                              connect_args={"options": "-c default_transaction_read_only=on"})
-    require_existing(url)
+    _require_existing(url)
     path = Path(parsed.database or "")
     ro_url = f"sqlite:///file:{path.resolve()}?mode=ro&uri=true"
     engine = create_engine(ro_url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
@@ -204,9 +207,7 @@ def current_revision(engine: Engine) -> str | None:
 def _migrate(url: str, step, revision: str, *, create: bool) -> None:
     """Run an Alembic command on our own connection (so SQLite gets its pragmas and locking);
     only with `create` may a SQLite file be made."""
-    if not create:
-        require_existing(url)
-    engine = reached_engine(url)
+    engine = reached_engine(url, create=create)
     try:
         with engine.begin() as connection:
             if connection.dialect.name == "postgresql":  # released when the transaction ends
@@ -242,9 +243,7 @@ def open_store_engine(url: str = DEFAULT_URL, *, create: bool = False) -> Engine
     """An engine on a store at head. With `create`, a new (empty) database gets the schema;
     a database at an older revision is never migrated implicitly: StaleSchemaError says how.
     Without `create`, a SQLite file that does not exist is StoreMissingError, not made."""
-    if not create:
-        require_existing(url)
-    engine = reached_engine(url)
+    engine = reached_engine(url, create=create)
     tables = set(inspect(engine).get_table_names()) - {"alembic_version"}
     if create and current_revision(engine) is None and not tables:
         engine.dispose()

@@ -42,10 +42,9 @@ def downgrade(url: str = URL, revision: str = typer.Argument(...)) -> None:
 @app.command()
 def check(url: str = URL) -> None:
     """Exit non-zero unless the schema is at head; says which command fixes it."""
-    from core.store.db import check_schema, reached_engine, require_existing
+    from core.store.db import check_schema, reached_engine
 
     try:
-        require_existing(url)
         engine = reached_engine(url)
     except StoreOpenError as exc:
         _exit(exc)

@@ -63,6 +63,7 @@ def serve_command(
 ) -> None:
     """Serve MODEL over HTTP: vLLM-compatible /v1/completions plus the stalewise routes."""
     from config.errors import ConfigError
+    from core.listen import ListenError
     from engine.checkpoint import CheckpointError, read_config
 
     flags = dict(max_batch=max_batch, session_cache_mb=session_cache_mb, threads=threads,
@@ -75,7 +76,7 @@ def serve_command(
 
         serve(model, cfg, host=host, port=port, port_file=port_file, version=initial_version,
               seed=seed)
-    except (CheckpointError, ConfigError) as exc:
+    except (CheckpointError, ConfigError, ListenError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
     except OSError as exc:  # port in use, unreadable files

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -54,6 +53,7 @@ from core.engine_api import (
     UpdateWeightsReply,
     encode_generate_reply,
 )
+from core.listen import listen
 from core.tokenizer import has_tokenizer, load_tokenizer
 from engine.checkpoint import CheckpointError
 from engine.completions import Completions
@@ -283,10 +283,7 @@ def serve(model_dir: str | Path, cfg: EngineServerConfig | None = None, *,
     served_model_name, log_level = cfg.served_model_name, cfg.log_level
     app = build_app(engine, model_name=served_model_name or str(model_dir),
                     tokenizer=_load_tokenizer(model_dir))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    sock = listen(host, port, backlog=2048)
     if port_file is not None:
         tmp = Path(f"{port_file}.tmp")
         tmp.write_text(str(sock.getsockname()[1]))

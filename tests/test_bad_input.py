@@ -773,6 +773,24 @@ def test_the_engine_childs_config_file_gets_one_line(tmp_path, text, expected):
     assert result.output.strip() == f"error: {config}: {expected}"
 
 
+def test_an_engine_port_in_use_is_one_line(tmp_path, monkeypatch, port_in_use):
+    import uvicorn
+
+    from engine.tiny import init_tiny
+    from stalewise.cli import app
+
+    def served(*args, **kwargs):
+        raise AssertionError("the engine served although its socket could not be bound")
+
+    monkeypatch.setattr(uvicorn.Server, "run", served)
+    model = init_tiny(tmp_path / "tiny", hidden=32, layers=1)
+    result = runner.invoke(app, ["engine", "serve", "--model", str(model), "--port", port_in_use])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == (f"error: 127.0.0.1:{port_in_use} is already in use "
+                                     "(another server, or an earlier one still running); pass "
+                                     "another --port, or --port 0 for a free one")
+
+
 def test_the_learner_childs_config_file_gets_one_line(tmp_path):
     from stalewise.cli import app
 
@@ -883,6 +901,74 @@ def test_db_upgrade_still_creates_a_new_sqlite_store(tmp_path):
     assert runner.invoke(app, ["db", "upgrade", "--url", url]).exit_code == 0
     result = runner.invoke(app, ["db", "check", "--url", url])
     assert result.exit_code == 0 and "schema at head" in result.output, result.output
+
+
+def _new_store(tmp_path: Path) -> str:
+    from stalewise.cli import app
+
+    url = f"sqlite:///{tmp_path}/stalewise.db"
+    assert runner.invoke(app, ["db", "upgrade", "--url", url]).exit_code == 0
+    return url
+
+
+@pytest.mark.parametrize("command", [["audit", "trajectories"], ["audit", "steps"],
+                                     ["audit", "steps", "--json"],
+                                     ["audit", "export", "OUT", "--format", "jsonl"]],
+                         ids=" ".join)
+def test_a_run_the_store_does_not_hold_is_named_not_shown_empty(tmp_path, command):
+    """A mistyped run id used to print an empty table (or `[]`) as if the run had nothing in it,
+    and the export added a second line, `error: 1`."""
+    from stalewise.cli import app
+
+    url = _new_store(tmp_path)
+    command = [str(tmp_path / "out.jsonl") if word == "OUT" else word for word in command]
+    result = runner.invoke(app, [*command, "--run", "typo-run", "--url", url])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == (f"error: no run 'typo-run' in {url}; list runs with: "
+                                     f"stalewise audit runs --url {url}"), result.output
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.fixture
+def port_in_use():
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    yield str(taken.getsockname()[1])
+    taken.close()
+
+
+@pytest.mark.parametrize("where, said", [
+    (["--port", "99999"], "port 99999 is not a TCP port (0-65535); pass --port with one, or "
+                          "--port 0 for a free one"),
+    (["--port", "-1"], "port -1 is not a TCP port (0-65535)"),
+    (["--port", "IN_USE"], "127.0.0.1:IN_USE is already in use (another server, or an earlier "
+                           "one still running); pass another --port, or --port 0 for a free one"),
+    (["--host", "192.0.2.1"], "cannot listen on 192.0.2.1:8321: this machine has no address "
+                              "192.0.2.1; pass --host with one of its addresses (127.0.0.1 "
+                              "keeps it local)"),
+    (["--host", "no-such-host.invalid"], "cannot listen on 'no-such-host.invalid': "),
+], ids=["out-of-range", "negative", "in-use", "not-this-machine", "unknown-name"])
+def test_a_viewer_address_that_cannot_be_bound_is_one_line_before_any_url(
+        tmp_path, monkeypatch, port_in_use, where, said):
+    """Port 99999 used to print its URL and then hang, listening nowhere; a port in use printed
+    the URL and then uvicorn's errno. Now nothing is served and no URL is printed."""
+    import uvicorn
+
+    from stalewise.cli import app
+
+    def served(*args, **kwargs):
+        raise AssertionError("the viewer served although its socket could not be bound")
+
+    monkeypatch.setattr(uvicorn.Server, "run", served)
+    url = _new_store(tmp_path)
+    where = [port_in_use if word == "IN_USE" else word for word in where]
+    result = runner.invoke(app, ["view", "--url", url, *where])
+    assert result.exit_code == 1, result.output
+    line = one_line(result.output.strip())
+    assert line.startswith("error: " + said.replace("IN_USE", port_in_use)), line
 
 
 @pytest.mark.postgres

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from core.store.db import DEFAULT_URL
-from stalewise.commands.export import export_command
+from stalewise.commands.export import export_command, require_run
 
 app = typer.Typer(no_args_is_help=True)
 app.command("export")(export_command)
@@ -57,11 +57,14 @@ def _table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> Table:
     return table
 
 
-def _query(url: str, query: Callable[[Any], list[dict[str, Any]]], as_json: bool
-           ) -> list[dict[str, Any]] | None:
-    """Rows of `query(store)`; printed as JSON (and None returned) when `as_json`."""
+def _query(url: str, query: Callable[[Any], list[dict[str, Any]]], as_json: bool,
+           run: str | None = None) -> list[dict[str, Any]] | None:
+    """Rows of `query(store)`; printed as JSON (and None returned) when `as_json`. With `run`,
+    a run the store does not hold is an error, not an empty table."""
     store = _open(url)
     try:
+        if run is not None:
+            require_run(store, run, url)
         rows = query(store)
     finally:
         store.close()
@@ -91,7 +94,7 @@ def steps_command(run: str = typer.Option(..., "--run", help="run id"), url: str
     """A run's learning curve: reward, loss, KL to the sampler, clipping, lag per learner step."""
     from core.store import audit
 
-    rows = _query(url, lambda store: audit.learner_steps(store, run), as_json)
+    rows = _query(url, lambda store: audit.learner_steps(store, run), as_json, run)
     if rows is None:
         return
     columns = ["step", "samples", "tokens", *(name for name, _ in audit.CURVE_METRICS),
@@ -118,7 +121,7 @@ def trajectories_command(run: str = typer.Option(..., "--run", help="run id"),
             raise typer.Exit(2)
     rows = _query(url, lambda store: audit.trajectories(
         store, run, status=status, min_lag=min_lag, reward_below=reward_below, purpose=purpose,
-        decision=decision, limit=limit), as_json)
+        decision=decision, limit=limit), as_json, run)
     if rows is None:
         return
     _console().print(_table(f"trajectories of {run}", rows,

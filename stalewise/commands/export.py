@@ -36,17 +36,25 @@ def export_command(out: Path = typer.Argument(..., help="output file (parquet, j
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     try:
-        if store.run(run) is None:
-            typer.echo(f"error: no run {run!r} in {store.url}; list runs with: "
-                       f"stalewise audit runs --url {url}", err=True)
-            raise typer.Exit(1)
+        require_run(store, run, url)
         written = _write(store, run, out, format, tokenizer)
+    except typer.Exit:
+        raise  # click's Exit is a RuntimeError too: not an export failure to print
     except RuntimeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     finally:
         store.close()
     typer.echo(written)
+
+
+def require_run(store: Store, run: str, url: str) -> None:
+    """Exit 1 with a line naming the store and the command that lists its runs when `run` is
+    not one of them (a mistyped id would otherwise read as a run with nothing in it)."""
+    if store.run(run) is None:
+        typer.echo(f"error: no run {run!r} in {store.url}; list runs with: "
+                   f"stalewise audit runs --url {url}", err=True)
+        raise typer.Exit(1)
 
 
 def _write(store: Store, run: str, out: Path, format: str, tokenizer: str | None) -> str:

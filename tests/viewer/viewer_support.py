@@ -3,6 +3,7 @@ screenshots (under var/test-artifacts/, for a person to look at)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -10,7 +11,6 @@ from pathlib import Path
 
 import httpx
 
-from core.children import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "var" / "test-artifacts"
@@ -23,10 +23,10 @@ class Viewer:
     """A running `stalewise view` child; `url(path)` is a page's address."""
 
     def __init__(self, db_url: str) -> None:
-        self.port = free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stalewise", "view", "--url", db_url, "--port", str(self.port)],
+            [sys.executable, "-m", "stalewise", "view", "--url", db_url, "--port", "0"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.port = self._bound_port()  # --port 0: the port it says it bound
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and self.proc.poll() is None:
             try:
@@ -36,6 +36,18 @@ class Viewer:
                 time.sleep(0.2)
         output = self.stop()
         raise AssertionError(f"stalewise view did not start: {output}")
+
+    def _bound_port(self) -> int:
+        """The port of the viewer's first line, `stalewise view: http://127.0.0.1:PORT/ ...`,
+        printed once its socket listens (lines before it, such as warnings, are passed over)."""
+        said = []
+        for line in self.proc.stdout:
+            said.append(line)
+            found = re.match(r"stalewise view: http://127\.0\.0\.1:(\d+)/", line)
+            if found:
+                return int(found.group(1))
+        raise AssertionError(f"stalewise view did not say where it listens: {''.join(said)}"
+                             f"{self.stop()}")
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"

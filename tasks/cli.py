@@ -51,6 +51,9 @@ def show_command(ref: str = typer.Argument(..., help="family reference (file.py:
                  split: str = typer.Option("train", help="split to draw from")) -> None:
     """Print the first instances of a family: key, difficulty, hash, prompt, tools."""
     family = load_or_exit(ref, options)
+    if split not in family.splits:
+        raise typer.BadParameter(f"{family.name} has the splits {', '.join(family.splits)}, "
+                                 f"not {split!r}", param_hint="--split")
     for task in family.instances(split, count=count):
         prompt = " | ".join(f"{m.role}: {m.content}" for m in task.prompt)
         typer.echo(f"{task.key}  [{task.difficulty}]  {task.content_hash[:12]}")

@@ -929,6 +929,57 @@ def test_a_run_the_store_does_not_hold_is_named_not_shown_empty(tmp_path, comman
     assert not (tmp_path / "out.jsonl").exists()
 
 
+def test_a_migration_target_the_store_cannot_reach_is_one_line_and_changes_nothing(tmp_path):
+    """`db upgrade 0002` on a store at 0003 used to print "at revision 0002" and leave it at
+    0003; an unknown revision was Alembic's traceback."""
+    from stalewise.cli import app
+
+    url = _new_store(tmp_path)
+    assert runner.invoke(app, ["db", "downgrade", "0003", "--url", url]).output.strip() == \
+        f"{url}: at revision 0003"
+    result = runner.invoke(app, ["db", "upgrade", "0002", "--url", url])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == (f"error: {url} is at revision 0003, not 0002: `db upgrade` "
+                                     f"only moves up; run: stalewise db downgrade 0002 --url "
+                                     f"{url}"), result.output
+    for command in (["downgrade", "nonsense"], ["upgrade", "nonsense"], ["downgrade", "0005"]):
+        result = runner.invoke(app, ["db", *command, "--url", url])
+        assert result.exit_code == 1, result.output
+        line = one_line(result.output.strip())
+        assert line.startswith(f"error: cannot migrate {url} to '{command[1]}': "), line
+        assert line.endswith("the revisions are base, 0001, 0002, 0003, 0004, 0005, 0006 "
+                             "(head); `stalewise db check` says where the store is"), line
+    result = runner.invoke(app, ["db", "check", "--url", url])
+    assert "is at revision 0003" in result.output, result.output
+    assert runner.invoke(app, ["db", "upgrade", "--url", url]).output.strip() == \
+        f"{url}: at revision 0006"
+
+
+def test_resuming_from_a_folder_without_the_store_names_the_configs_url(tmp_path, monkeypatch):
+    """`run` has no --url: the hint names the config's run.db_url and --set."""
+    from stalewise.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "job.toml"
+    config.write_text('[run]\ndb_url = "sqlite:///var/job.db"\n\n[tasks]\nfamily = "arith"\n')
+    result = runner.invoke(app, ["run", str(config), "--resume", "job-1"])
+    assert result.exit_code == 2, result.output
+    assert one_line(result.output.strip()) == (
+        f"error: --resume job-1: no store at {tmp_path}/var/job.db: no such file; the config's "
+        "run.db_url (sqlite:///var/job.db) names it: run from the folder the job ran in, or "
+        "pass --set run.db_url=URL")
+    assert not (tmp_path / "var").exists()
+
+
+def test_a_split_the_family_lacks_is_named_with_the_ones_it_has():
+    from stalewise.cli import app
+
+    result = runner.invoke(app, ["tasks", "show", "arith", "--split", "tset"])
+    assert result.exit_code == 2, result.output
+    assert "arith has the splits train, validation, test, not 'tset'" in \
+        " ".join(result.output.replace("│", " ").split()), result.output
+
+
 @pytest.fixture
 def port_in_use():
     import socket

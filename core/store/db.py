@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
+from alembic import util as alembic_util
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -48,9 +49,19 @@ class StoreUnreachableError(StoreOpenError):
     credentials or database name, a SQLite file that cannot be created or opened."""
 
 
+class MigrationTargetError(StoreOpenError):
+    """`db upgrade` / `db downgrade` was given a revision the migrations cannot go to."""
+
+
 class StoreMissingError(StoreOpenError):
     """A command that reads a store was given a SQLite path where no file is: it names the
-    path it looked at and never creates one."""
+    path it looked at (`path`, absolute) and never creates one."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        super().__init__(f"no store at {path}: no such file; pass --url with the store a job "
+                         "wrote (its config's run.db_url; a relative path counts from the "
+                         "current folder)")
 
 
 def _require_existing(url: str) -> None:
@@ -62,9 +73,7 @@ def _require_existing(url: str) -> None:
         return
     path = Path(parsed.database)
     if not path.is_file():
-        raise StoreMissingError(
-            f"no store at {path.resolve()}: no such file; pass --url with the store a job "
-            "wrote (its config's run.db_url; a relative path counts from the current folder)")
+        raise StoreMissingError(path.resolve())
 
 
 def _shown_url(url: str) -> str:
@@ -204,9 +213,12 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(connection).get_current_revision()
 
 
-def _migrate(url: str, step, revision: str, *, create: bool) -> None:
-    """Run an Alembic command on our own connection (so SQLite gets its pragmas and locking);
-    only with `create` may a SQLite file be made."""
+def _migrate(url: str, name: str, revision: str, *, create: bool) -> str | None:
+    """Run Alembic's `name` command (upgrade, downgrade) on our own connection (so SQLite gets
+    its pragmas and locking); only with `create` may a SQLite file be made. Returns the
+    revision the store is at after (None: base). A target the store cannot go to, or did not
+    reach (`upgrade` to a revision below the store's, which Alembic passes over), is
+    MigrationTargetError."""
     engine = reached_engine(url, create=create)
     try:
         with engine.begin() as connection:
@@ -214,17 +226,35 @@ def _migrate(url: str, step, revision: str, *, create: bool) -> None:
                 connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
             config = alembic_config(url)
             config.attributes["connection"] = connection
-            step(config, revision)
+            known = [s.revision for s in ScriptDirectory.from_config(config).walk_revisions()]
+            listed = f"the revisions are base, {', '.join(reversed(known))} (head)"
+            try:
+                getattr(command, name)(config, revision)
+            except alembic_util.CommandError as exc:  # an unknown id, or the wrong direction
+                raise MigrationTargetError(
+                    f"cannot migrate {_shown_url(url)} to {revision!r}: {exc}; {listed}; "
+                    "`stalewise db check` says where the store is") from None
+            reached = MigrationContext.configure(connection).get_current_revision()
+            wanted = {"head": known[0], "base": None}.get(revision, revision)
+            if wanted != reached and (wanted is None or wanted in known):
+                other = {"upgrade": "downgrade", "downgrade": "upgrade"}[name]
+                raise MigrationTargetError(
+                    f"{_shown_url(url)} is at revision {reached or 'base'}, not {revision}: "
+                    f"`db {name}` only moves {name[:-len('grade')]}; run: stalewise db {other} "
+                    f"{revision} --url {_shown_url(url)}")
+            return reached
     finally:
         engine.dispose()
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    _migrate(url, command.upgrade, revision, create=True)
+def upgrade(url: str, revision: str = "head") -> str | None:
+    """Migrate the store at `url` up to `revision`, making it if need be; returns where it is."""
+    return _migrate(url, "upgrade", revision, create=True)
 
 
-def downgrade(url: str, revision: str = "base") -> None:
-    _migrate(url, command.downgrade, revision, create=False)
+def downgrade(url: str, revision: str = "base") -> str | None:
+    """Migrate the store at `url` down to `revision`; returns where it is (None: base)."""
+    return _migrate(url, "downgrade", revision, create=False)
 
 
 def check_schema(engine: Engine, url: str) -> None:

@@ -21,10 +21,10 @@ def upgrade(url: str = URL, revision: str = typer.Argument("head")) -> None:
     from core.store.db import upgrade as run_upgrade
 
     try:
-        run_upgrade(url, revision)
+        reached = run_upgrade(url, revision)
     except StoreOpenError as exc:
         _exit(exc)
-    typer.echo(f"{normalize_url(url)}: at revision {revision}")
+    typer.echo(f"{normalize_url(url)}: at revision {reached or 'base'}")
 
 
 @app.command()
@@ -33,10 +33,10 @@ def downgrade(url: str = URL, revision: str = typer.Argument(...)) -> None:
     from core.store.db import downgrade as run_downgrade
 
     try:
-        run_downgrade(url, revision)
+        reached = run_downgrade(url, revision)
     except StoreOpenError as exc:
         _exit(exc)
-    typer.echo(f"{normalize_url(url)}: at revision {revision}")
+    typer.echo(f"{normalize_url(url)}: at revision {reached or 'base'}")
 
 
 @app.command()

@@ -79,12 +79,17 @@ def open_store_or_exit(job, config: Path) -> None:
 
 
 def check_resumable_or_exit(job, run_id: str) -> None:
-    from core.store.db import StoreOpenError
+    from core.store.db import StoreMissingError, StoreOpenError
     from core.store.store import Store
     from orchestrator.resume import ResumeError, check_resumable
 
     try:
         store = Store.open(job.run.db_url)
+    except StoreMissingError as exc:  # `run` has no --url: the config names the store
+        typer.echo(f"error: --resume {run_id}: no store at {exc.path}: no such file; the "
+                   f"config's run.db_url ({job.run.db_url}) names it: run from the folder the "
+                   "job ran in, or pass --set run.db_url=URL", err=True)
+        raise typer.Exit(2) from None
     except StoreOpenError as exc:
         typer.echo(f"error: --resume {run_id}: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -37,7 +37,12 @@ def init_tiny_command(directory: Path, seed: int = typer.Option(0, help="weight 
     """Create the tiny default model (about 1M parameters) and its tokenizer in DIRECTORY."""
     from engine.tiny import init_tiny
 
-    init_tiny(directory, seed=seed)
+    try:
+        init_tiny(directory, seed=seed)
+    except OSError as exc:  # a folder that cannot be made or written
+        typer.echo(f"error: cannot write the tiny model to {directory}: {exc.strerror or exc}; "
+                   "pass a folder you can write to", err=True)
+        raise typer.Exit(code=1) from None
     typer.echo(f"tiny model written to {directory}")
 
 

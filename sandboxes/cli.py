@@ -84,8 +84,12 @@ def run_command(
         overrides["pids"] = pids
     try:
         spec = SandboxSpec(image=image, limits=SandboxLimits(**overrides))  # type: ignore[arg-type]
-    except ValidationError as exc:
-        raise _fail(f"invalid limits: {exc}") from None
+    except ValidationError as exc:  # one line, in the flags' names
+        flags = {"exec_timeout_s": "--timeout", "memory_mb": "--memory", "cpus": "--cpus",
+                 "pids": "--pids"}
+        raise _fail("; ".join(
+            f"{flags.get(str(err['loc'][0]), err['loc'][0])} {err.get('input')!r}: "
+            f"{err['msg'][0].lower()}{err['msg'][1:]}" for err in exc.errors())) from None
 
     async def go() -> object:
         async with make_sandbox(spec, backend=backend, run_id="cli-run") as sandbox:  # type: ignore[arg-type,attr-defined]

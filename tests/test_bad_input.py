@@ -980,6 +980,28 @@ def test_a_split_the_family_lacks_is_named_with_the_ones_it_has():
         " ".join(result.output.replace("│", " ").split()), result.output
 
 
+def test_sandbox_limits_out_of_range_are_one_line_in_the_flags_names():
+    """Used to be pydantic's five-line dump, in the field names (`exec_timeout_s`)."""
+    from stalewise.cli import app
+
+    result = runner.invoke(app, ["sandbox", "run", "--timeout", "-3", "--cpus", "0", "--",
+                                 "true"])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == ("error: --cpus 0.0: input should be greater than 0; "
+                                     "--timeout -3.0: input should be greater than 0")
+
+
+def test_a_tiny_model_folder_that_cannot_be_made_is_one_line(tmp_path):
+    from stalewise.cli import app
+
+    (tmp_path / "a-file").write_text("")
+    result = runner.invoke(app, ["model", "init-tiny", str(tmp_path / "a-file" / "tiny")])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == (f"error: cannot write the tiny model to "
+                                     f"{tmp_path}/a-file/tiny: Not a directory; pass a folder "
+                                     "you can write to")
+
+
 @pytest.fixture
 def port_in_use():
     import socket

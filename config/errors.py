@@ -108,6 +108,8 @@ def read_json(path: str | Path, what: str) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(str(path), [f"file not found; pass the path of {what}"]) from None
+    except OSError as exc:  # a folder, a file without read permission
+        raise ConfigError(str(path), [_unreadable(path, exc, what)]) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), [f"not valid JSON: {exc}; the job writes this file, so "
                                       f"start the job again or fix it by hand"]) from None
@@ -124,5 +126,16 @@ def read_toml(path: str | Path, what: str) -> dict[str, Any]:
         return tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(str(path), [f"file not found; pass the path of {what}"]) from None
+    except OSError as exc:
+        raise ConfigError(str(path), [_unreadable(path, exc, what)]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), [f"not valid TOML: {exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), [f"not valid TOML: not UTF-8 text (byte {exc.start}); "
+                                      f"pass the path of {what}"]) from None
+
+
+def _unreadable(path: Path, exc: OSError, what: str) -> str:
+    if path.is_dir():
+        return f"is a folder, not a file; pass the path of {what}"
+    return f"cannot be read ({exc.strerror or exc}); pass the path of {what}"

@@ -736,6 +736,26 @@ def test_every_config_section_says_what_is_wrong_where_and_how_to_fix_it(data, e
     assert str(caught.value).startswith("job.toml: ")
 
 
+@pytest.mark.parametrize("make, said", [
+    (lambda path: path.mkdir(), "is a folder, not a file; pass the path of a TOML job config"),
+    (lambda path: path.write_bytes(b"\x8a\x01 binary"),
+     "not valid TOML: not UTF-8 text (byte 0); pass the path of a TOML job config"),
+], ids=["a folder", "not text"])
+@pytest.mark.parametrize("command", [["run"], ["run", "--dry-run"], ["compare", "--budget", "5"]],
+                         ids=" ".join)
+def test_a_job_config_that_is_not_a_toml_file_is_one_line(tmp_path, make, said, command):
+    """A folder given as the config used to end in IsADirectoryError's traceback, and a binary
+    file in UnicodeDecodeError's."""
+    from stalewise.cli import app
+
+    config = tmp_path / "job"
+    make(config)
+    result = runner.invoke(app, [command[0], str(config), *command[1:]])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: {config}: {said}"
+    assert sorted(tmp_path.iterdir()) == [config]
+
+
 def test_a_job_file_with_bad_sections_gets_one_line_each_with_the_file(tmp_path):
     from stalewise.cli import app
 

@@ -71,12 +71,20 @@ def _load(directory: Path):
     if not directory.is_dir():
         typer.echo(f"error: --tokenizer {str(directory)!r} is not a directory", err=True)
         raise typer.Exit(2)
+    from core.tokenizer import has_tokenizer
+
+    if not has_tokenizer(directory):
+        typer.echo(f"error: --tokenizer {str(directory)!r} holds no tokenizer (no "
+                   "tokenizer.json or tokenizer_config.json); pass a model folder that has one",
+                   err=True)
+        raise typer.Exit(2)
     from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(directory))
     except (OSError, ValueError) as exc:
-        typer.echo(f"error: cannot load a tokenizer from {str(directory)!r}: {exc}", err=True)
+        reason = " ".join(str(exc).split())  # transformers' messages run over several lines
+        typer.echo(f"error: cannot load a tokenizer from {str(directory)!r}: {reason}", err=True)
         raise typer.Exit(2) from None
     if not getattr(tokenizer, "chat_template", None):
         typer.echo(f"error: the tokenizer in {str(directory)!r} has no chat template; "

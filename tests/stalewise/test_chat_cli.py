@@ -46,6 +46,14 @@ def test_check_can_require_append_only():
 def test_bad_input_is_one_line(tmp_path):
     result = _invoke("--tokenizer", str(tmp_path / "nope"))
     assert result.exit_code == 2 and "is not a directory" in result.output
+    result = _invoke("--tokenizer", str(tmp_path))  # a folder with no tokenizer in it
+    assert result.exit_code == 2 and result.output.strip() == (
+        f"error: --tokenizer '{tmp_path}' holds no tokenizer (no tokenizer.json or "
+        "tokenizer_config.json); pass a model folder that has one")
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "NoSuchTokenizer"}')
+    result = _invoke("--tokenizer", str(tmp_path))  # transformers' message is several lines
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith(f"error: cannot load a tokenizer from '{tmp_path}': ")
     result = _invoke("--tokenizer", str(real_tokenizer_dir("qwen3")), "--format", "chatml")
     assert result.exit_code == 2 and "is not one of auto, hermes, template" in result.output
     result = _invoke("--tokenizer", str(real_tokenizer_dir("llama3.1")), "--format", "qwen3")

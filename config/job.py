@@ -8,6 +8,7 @@ what runs.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,9 +26,12 @@ from config.sandbox_hosts import DockerHostConfig, check_distinct
 from config.tools import ToolsConfig
 from core.engine_api import KvPolicy
 
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
 
 class RunConfig(Section):
-    name: str = Field("run", description="human-readable run name")
+    name: str = Field("run", description="human-readable run name, the start of the run's "
+                      "id and of its folder under output_dir: letters, digits, '_', '.', '-'")
     db_url: str = Field("sqlite:///var/stalewise.db", description="SQLite path/URL or PostgreSQL URL")
     output_dir: str = Field("var/runs", description="checkpoints and reports go in OUTPUT_DIR/RUN_ID")
     seed: int = 0
@@ -37,6 +41,15 @@ class RunConfig(Section):
         120.0, ge=0, description="how long the orchestrator keeps retrying a store that cannot "
                                  "answer (disk full, PostgreSQL restarting) before the run fails; "
                                  "recorded rows wait in memory meanwhile")
+
+    @field_validator("name")
+    @classmethod
+    def _name_fits_a_path(cls, name: str) -> str:
+        if not _RUN_NAME.fullmatch(name):
+            raise ValueError("a run name is 1-64 letters, digits, '_', '.' or '-', starting with "
+                             "a letter or digit: it starts the run's id and its folder under "
+                             "run.output_dir")
+        return name
 
 
 class ModelConfig(Section):

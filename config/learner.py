@@ -81,8 +81,8 @@ class PolicyLossConfig(_Strict):
     correction_low: float | None = Field(
         None, ge=0.0, description="tis: optional floor; mis: lower keep bound"
     )
-    correction_high: float | None = Field(
-        None, gt=0.0, description="tis: cap; mis: upper keep bound"
+    correction_high: float | None = Field(  # inf: no cap (nan fails gt)
+        None, gt=0.0, allow_inf_nan=True, description="tis: cap; mis: upper keep bound"
     )
     correction_entropy: bool = Field(
         False,

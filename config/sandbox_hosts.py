@@ -26,7 +26,7 @@ SCHEMES = ("unix", "tcp", "ssh")
 
 
 class DockerHostConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     url: str = Field(description="unix:///path/docker.sock, tcp://HOST:PORT or ssh://USER@HOST")
     capacity: int | None = Field(None, ge=1, description="sandboxes alive on this host at most "

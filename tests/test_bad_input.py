@@ -683,6 +683,15 @@ CONFIG_CASES = [
      "url"),
     ({"tasks": {"eval_instances": -1}},
      "tasks.eval_instances: Input should be greater than or equal to 0 (got -1)"),
+    # passed until the job's first engine request, after the warm start
+    ({"rollout": {"temperature": float("inf")}},
+     "rollout.temperature: Input should be a finite number (got inf)"),
+    ({"learner": {"optimizer": {"lr": float("nan")}}},
+     "learner.optimizer.lr: Input should be a finite number (got nan)"),
+    # the start of the run's id and of its folder: '../x' put the folder outside output_dir
+    ({"run": {"name": "../x"}},
+     "run.name: a run name is 1-64 letters, digits, '_', '.' or '-', starting with a letter or "
+     "digit: it starts the run's id and its folder under run.output_dir (got '../x')"),
     ({"tasks": {"harbor": {"max_cpu": 2}}},
      "tasks.harbor.max_cpu: unknown field; did you mean 'max_cpus'? allowed fields: "
      "allow_network, base_image_map, limits, max_cpus, max_memory_mb, output_bytes, "

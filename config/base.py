@@ -11,6 +11,6 @@ from pydantic import BaseModel, ConfigDict
 
 
 class ConfigSection(BaseModel):
-    # inf and nan are refused in every float (a temperature of inf passed validation and the
-    # job failed at its first engine request, after the warm start)
+    # inf and nan are refused in every float (a temperature of inf passed validation, and the
+    # job failed after its warm start, when the pipeline built its sampling params)
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

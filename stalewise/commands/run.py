@@ -64,6 +64,38 @@ def build_images_or_exit(job, family, config: Path) -> None:
             raise typer.Exit(2) from None
 
 
+def check_paths_or_exit(job, config: Path, *, make: bool) -> None:
+    """`model.path` (when no tiny model is to be made there) and `run.output_dir`, checked before
+    any run is created: a missing checkpoint or an output folder that cannot be made used to
+    fail after the store held a new run (the folder: in a traceback). With `make`, the output
+    folder is made now (the job makes it anyway); without (`--dry-run`), nothing is made and
+    its nearest existing folder is checked instead."""
+    import os
+
+    problems = []
+    model = Path(job.model.path)
+    if not job.model.create_tiny and not (model / "config.json").is_file():
+        problems.append(f"model.path: {model} holds no checkpoint (config.json missing); point "
+                        "it at a Hugging Face model directory or set model.create_tiny = true")
+    output = Path(job.run.output_dir)
+    try:
+        if make:
+            output.mkdir(parents=True, exist_ok=True)
+        else:
+            existing = next(p for p in (output, *output.parents) if p.exists())
+            if not existing.is_dir():
+                raise NotADirectoryError(f"{existing} is a file")
+            if not os.access(existing, os.W_OK | os.X_OK):
+                raise PermissionError(f"{existing} is not writable")
+    except OSError as exc:
+        problems.append(f"run.output_dir: cannot make {output} ({exc.strerror or exc}); pass a "
+                        "folder you can write to")
+    for problem in problems:
+        typer.echo(f"error: {config}: {problem}", err=True)
+    if problems:
+        raise typer.Exit(2)
+
+
 def open_store_or_exit(job, config: Path) -> None:
     """Open (and for a new store, create) the job's store now, so an unreachable database fails
     in one line before the warm start and the engines, and after the checks that create no
@@ -124,6 +156,7 @@ def run_command(config: Path = typer.Argument(..., help="job config (TOML)"),
     family = check_family_or_exit(job, config)
     if resume is not None:
         check_resumable_or_exit(job, resume)
+    check_paths_or_exit(job, config, make=not dry_run)
     if dry_run:
         typer.echo(json.dumps(job.model_dump(mode="json"), indent=2))
         typer.echo(f"{config}: config is valid", err=True)

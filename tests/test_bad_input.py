@@ -867,9 +867,10 @@ def test_a_job_whose_store_is_unreachable_stops_at_once_with_one_line(tmp_path, 
                          "port, user, password and database name are right"), line
 
 
-@pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])
+@pytest.mark.parametrize("command", [["run"], ["run", "--dry-run"], ["compare", "--budget", "5"]],
+                         ids=" ".join)
 def test_a_missing_checkpoint_and_an_output_folder_that_cannot_be_made_fail_before_any_run(
-        tmp_path, dry_run):
+        tmp_path, command):
     """Both used to pass the checks: the job then created its run in the store and failed
     (the output folder in a traceback); `--dry-run` said the config was valid."""
     from stalewise.cli import app
@@ -880,7 +881,7 @@ def test_a_missing_checkpoint_and_an_output_folder_that_cannot_be_made_fail_befo
                       f'output_dir = "{tmp_path}/a-file/runs"\n\n'
                       f'[model]\npath = "{tmp_path}/no-model"\ncreate_tiny = false\n\n'
                       '[tasks]\nfamily = "arith"\n')
-    result = runner.invoke(app, ["run", str(config), *(["--dry-run"] if dry_run else [])])
+    result = runner.invoke(app, [command[0], str(config), *command[1:]])
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert lines[0] == (f"error: {config}: model.path: {tmp_path}/no-model holds no checkpoint "
@@ -890,6 +891,21 @@ def test_a_missing_checkpoint_and_an_output_folder_that_cannot_be_made_fail_befo
                                f"{tmp_path}/a-file/runs ("), lines[1]
     assert lines[1].endswith("); pass a folder you can write to") and len(lines) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "job.toml"]
+
+
+def test_a_comparison_folder_that_cannot_be_made_is_one_line(tmp_path):
+    from stalewise.cli import app
+
+    (tmp_path / "a-file").write_text("")
+    config = tmp_path / "job.toml"
+    config.write_text(f'[run]\ndb_url = "sqlite:///{tmp_path}/store.db"\n'
+                      f'output_dir = "{tmp_path}/runs"\n\n[tasks]\nfamily = "arith"\n')
+    result = runner.invoke(app, ["compare", str(config), "--budget", "5", "--out",
+                                 str(tmp_path / "a-file" / "cmp")])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == (f"error: --out {tmp_path}/a-file/cmp: cannot make it (Not "
+                                     "a directory); pass a folder you can write to")
+    assert not (tmp_path / "store.db").exists()
 
 
 def test_a_sqlite_store_whose_folder_cannot_be_made_is_one_line(tmp_path):

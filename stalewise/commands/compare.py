@@ -52,7 +52,7 @@ from stalewise.commands.compare_merge import (
     merged_runs,
     mixed_conditions,
 )
-from stalewise.commands.run import check_family_or_exit, load_or_exit
+from stalewise.commands.run import check_family_or_exit, check_paths_or_exit, load_or_exit
 
 
 def compare_command(
@@ -91,6 +91,7 @@ def compare_command(
     for config in configs:
         job = load_or_exit(config)
         check_family_or_exit(job, config)
+        check_paths_or_exit(job, config, make=True)
         jobs.append((config, job))
     if warm_start is not None and not (warm_start / "config.json").exists():
         typer.echo(f"error: --warm-start {warm_start}: no checkpoint there (config.json "
@@ -101,7 +102,12 @@ def compare_command(
         typer.echo(f"error: --merge {out} is also the output folder; write the merged table to "
                    "a new folder with --out", err=True)
         raise typer.Exit(2)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        typer.echo(f"error: --out {out}: cannot make it ({exc.strerror or exc}); pass a folder "
+                   "you can write to", err=True)
+        raise typer.Exit(2) from None
     comparison = Comparison(out, budget=budget, share_warm_start=share_warm_start,
                             warm_start=warm_start, say=lambda m: typer.echo(m, err=True))
     rows = [comparison.run(job, config, seed)

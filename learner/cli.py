@@ -63,6 +63,16 @@ def load_learner_config(path: Path | None, overrides: dict | None = None) -> Lea
         raise typer.BadParameter(f"{path or 'learner config'}:\n  {problems}") from None
 
 
+def _require_inputs(model: Path, data: Path | None) -> None:
+    """A missing checkpoint or data file is one line before anything is loaded or written."""
+    if not (model / "config.json").is_file():
+        raise typer.BadParameter(f"{model} holds no checkpoint (config.json missing); pass a "
+                                 "Hugging Face model directory", param_hint="MODEL")
+    if data is not None and not data.is_file():
+        raise typer.BadParameter(f"{data}: no such file; pass a JSON-lines file",
+                                 param_hint="--data")
+
+
 @app.command("train")
 def train_command(
     model: Path = typer.Argument(..., help="HF checkpoint directory to start from"),
@@ -88,6 +98,7 @@ def train_command(
         raise typer.BadParameter(
             f"`learner train` runs one process, but the config says workers = {cfg.workers}; "
             "set workers = 1 here (several workers train a job's learner, `learner serve`)")
+    _require_inputs(model, data)
     sinks = make_sinks([m for m in metrics.split(",") if m], out)
     published = []
 
@@ -159,6 +170,7 @@ def sft_command(
                      "sft.wrong_fraction": wrong_fraction})
         formatting = Formatting(chat_format, tool_listing)
         the_suite = Suite(suite, json.loads(options), formatting) if suite is not None else None
+    _require_inputs(model, data)
     sinks = make_sinks([m for m in metrics.split(",") if m], out.parent / f"{out.name}-logs")
     try:
         demos = None

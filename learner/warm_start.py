@@ -95,8 +95,11 @@ def read_demonstrations(path: Path) -> list[Demonstration]:
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
-        item = json.loads(line)
-        if "token_ids" not in item or "loss_mask" not in item:
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
+        if not isinstance(item, dict) or "token_ids" not in item or "loss_mask" not in item:
             raise ValueError(f"{path}:{number}: each line needs token_ids and loss_mask")
         demos.append((item["token_ids"], item["loss_mask"]))
     return demos

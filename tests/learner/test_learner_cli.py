@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -255,3 +256,27 @@ def test_the_learner_child_fails_with_a_plain_traceback_its_job_can_quote(workdi
     assert "Traceback (most recent call last)" in done.stderr and "│" not in done.stderr
     assert "in warm_start" in done.stderr  # the chain, not only the innermost frame
     assert done.stderr.rstrip().splitlines()[-1].startswith("FileExistsError")
+
+
+def test_a_missing_checkpoint_or_data_file_and_a_bad_line_are_one_line_each(workdir):
+    """A missing --data file was FileNotFoundError's traceback; a line of the demonstrations
+    that is not JSON was json's message without the file and line."""
+    def squash(text: str) -> str:  # the error box wraps lines, long paths included
+        return re.sub(r"[\s│]", "", text)
+
+    def error(*args: str) -> str:
+        result = CliRunner().invoke(app, ["learner", *args])
+        assert result.exit_code == 2, result.output
+        return squash(result.output)
+
+    tiny, missing = str(workdir / "tiny"), str(workdir / "missing.jsonl")
+    assert squash(f"Invalid value for --data: {missing}: no such file; pass a JSON-lines file") \
+        in error("train", tiny, "--data", missing, "--out", str(workdir / "t1"))
+    assert squash(f"Invalid value for MODEL: {workdir / 'none'} holds no checkpoint (config.json "
+                  "missing)") in error("sft", str(workdir / "none"), "--synthetic", "4", "--out",
+                                       str(workdir / "s1"))
+    demos = workdir / "demos-bad.jsonl"
+    demos.write_text('{"token_ids": [1, 2], "loss_mask": [0, 1]}\nnot json\n')
+    assert squash(f"{demos}:2: not JSON (Expecting value)") \
+        in error("sft", tiny, "--data", str(demos), "--out", str(workdir / "s2"))
+    assert not (workdir / "t1").exists() and not (workdir / "s2").exists()

@@ -106,9 +106,7 @@ def read_json(path: str | Path, what: str) -> dict[str, Any]:
     path = Path(path)
     try:
         data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(str(path), [f"file not found; pass the path of {what}"]) from None
-    except OSError as exc:  # a folder, a file without read permission
+    except OSError as exc:  # missing, a folder, no read permission
         raise ConfigError(str(path), [_unreadable(path, exc, what)]) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), [f"not valid JSON: {exc}; the job writes this file, so "
@@ -124,9 +122,7 @@ def read_toml(path: str | Path, what: str) -> dict[str, Any]:
     path = Path(path)
     try:
         return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(str(path), [f"file not found; pass the path of {what}"]) from None
-    except OSError as exc:
+    except OSError as exc:  # missing, a folder, no read permission
         raise ConfigError(str(path), [_unreadable(path, exc, what)]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), [f"not valid TOML: {exc}"]) from None
@@ -136,6 +132,8 @@ def read_toml(path: str | Path, what: str) -> dict[str, Any]:
 
 
 def _unreadable(path: Path, exc: OSError, what: str) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return f"file not found; pass the path of {what}"
     if path.is_dir():
         return f"is a folder, not a file; pass the path of {what}"
     return f"cannot be read ({exc.strerror or exc}); pass the path of {what}"

@@ -72,6 +72,14 @@ class ModelConfig(Section):
                              "wrong_fraction, steps, batch_size, lr): rename the table")
         return data
 
+    def missing_checkpoint(self) -> str | None:
+        """Why a job cannot start from `path`, or None: no tiny model is to be made there and it
+        holds no checkpoint (read by `stalewise run`'s checks and by the job itself)."""
+        if self.create_tiny or (Path(self.path) / "config.json").exists():
+            return None
+        return (f"{self.path} holds no checkpoint (config.json missing); point it at a Hugging "
+                "Face model directory or set model.create_tiny = true")
+
 
 class SandboxConfig(Section):
     """How sandboxes are provided; what each task gets (image, limits) is the task's spec."""

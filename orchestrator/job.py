@@ -79,10 +79,8 @@ async def ensure_model(job: JobConfig) -> Path:
         path = path.with_name(f"{path.name}-seed{seed}")
         if (path / "config.json").exists():
             return path
-    elif not job.model.create_tiny:
-        raise FileNotFoundError(f"model.path = {path} holds no checkpoint (config.json missing); "
-                                f"point it at a Hugging Face model directory or set "
-                                f"model.create_tiny = true")
+    elif (missing := job.model.missing_checkpoint()) is not None:
+        raise FileNotFoundError(f"model.path = {missing}")
     log.info("creating the tiny default model", path=str(path), seed=seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = path.with_name(f".{path.name}.{secrets.token_hex(4)}")

@@ -227,13 +227,13 @@ def _migrate(url: str, name: str, revision: str, *, create: bool) -> str | None:
             config = alembic_config(url)
             config.attributes["connection"] = connection
             known = [s.revision for s in ScriptDirectory.from_config(config).walk_revisions()]
-            listed = f"the revisions are base, {', '.join(reversed(known))} (head)"
             try:
                 getattr(command, name)(config, revision)
             except alembic_util.CommandError as exc:  # an unknown id, or the wrong direction
                 raise MigrationTargetError(
-                    f"cannot migrate {_shown_url(url)} to {revision!r}: {exc}; {listed}; "
-                    "`stalewise db check` says where the store is") from None
+                    f"cannot migrate {_shown_url(url)} to {revision!r}: {exc}; the revisions "
+                    f"are base, {', '.join(reversed(known))} (head); `stalewise db check` says "
+                    "where the store is") from None
             reached = MigrationContext.configure(connection).get_current_revision()
             wanted = {"head": known[0], "base": None}.get(revision, revision)
             if wanted != reached and (wanted is None or wanted in known):

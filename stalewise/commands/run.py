@@ -72,11 +72,8 @@ def check_paths_or_exit(job, config: Path, *, make: bool) -> None:
     its nearest existing folder is checked instead."""
     import os
 
-    problems = []
-    model = Path(job.model.path)
-    if not job.model.create_tiny and not (model / "config.json").is_file():
-        problems.append(f"model.path: {model} holds no checkpoint (config.json missing); point "
-                        "it at a Hugging Face model directory or set model.create_tiny = true")
+    missing = job.model.missing_checkpoint()
+    problems = [] if missing is None else [f"model.path: {missing}"]
     output = Path(job.run.output_dir)
     try:
         if make:

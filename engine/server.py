@@ -267,23 +267,32 @@ def _load_tokenizer(model_dir: Path) -> Any | None:
 def serve(model_dir: str | Path, cfg: EngineServerConfig | None = None, *,
           host: str = "127.0.0.1", port: int = 8000, port_file: str | Path | None = None,
           version: int = 0, seed: int = 0) -> None:
-    """Load the model, bind the port (0 = any free port, written to `port_file`), serve."""
+    """Bind the port (0 = any free port), load the model, write the bound port to `port_file`,
+    serve. The port is bound first, so that a port in use (or one this machine cannot bind)
+    fails at once rather than after a load that can take minutes; a connection made during the
+    load waits in the socket's backlog until the model is served. `port_file` is written only
+    once the model has loaded: what waits on it (a job's launcher) then finds a server."""
     import torch
     import uvicorn
     from transformers.utils import logging as hf_logging
 
     cfg = cfg or EngineServerConfig()
-    hf_logging.disable_progress_bar()
-    torch.set_num_threads(cfg.threads)
-    model_dir = Path(model_dir)
-    engine = Engine(model_dir, version=version, max_batch=cfg.max_batch,
-                    session_cache_mb=cfg.session_cache_mb, seed=seed,
-                    max_prefill_tokens=cfg.max_prefill_tokens, max_model_len=cfg.max_model_len,
-                    max_resident_versions=cfg.max_resident_versions, dtype=cfg.dtype)
-    served_model_name, log_level = cfg.served_model_name, cfg.log_level
-    app = build_app(engine, model_name=served_model_name or str(model_dir),
-                    tokenizer=_load_tokenizer(model_dir))
     sock = listen(host, port, backlog=2048)
+    try:
+        hf_logging.disable_progress_bar()
+        torch.set_num_threads(cfg.threads)
+        model_dir = Path(model_dir)
+        engine = Engine(model_dir, version=version, max_batch=cfg.max_batch,
+                        session_cache_mb=cfg.session_cache_mb, seed=seed,
+                        max_prefill_tokens=cfg.max_prefill_tokens,
+                        max_model_len=cfg.max_model_len,
+                        max_resident_versions=cfg.max_resident_versions, dtype=cfg.dtype)
+        app = build_app(engine, model_name=cfg.served_model_name or str(model_dir),
+                        tokenizer=_load_tokenizer(model_dir))
+    except BaseException:
+        sock.close()
+        raise
+    log_level = cfg.log_level
     if port_file is not None:
         tmp = Path(f"{port_file}.tmp")
         tmp.write_text(str(sock.getsockname()[1]))

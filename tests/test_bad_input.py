@@ -692,6 +692,12 @@ CONFIG_CASES = [
     ({"run": {"name": "../x"}},
      "run.name: a run name is 1-64 letters, digits, '_', '.' or '-', starting with a letter or "
      "digit: it starts the run's id and its folder under run.output_dir (got '../x')"),
+    # -1 is "a random seed" in other tools; here it was a fixed seed, and NumPy refuses it
+    ({"run": {"seed": -1}},
+     "run.seed: Input should be greater than or equal to 0 (got -1)"),
+    ({"learner": {"sft": {"seed": 2**64}}},
+     "learner.sft.seed: Input should be less than or equal to 9223372036854775807 (got "
+     "18446744073709551616)"),
     ({"tasks": {"harbor": {"max_cpu": 2}}},
      "tasks.harbor.max_cpu: unknown field; did you mean 'max_cpus'? allowed fields: "
      "allow_network, base_image_map, limits, max_cpus, max_memory_mb, output_bytes, "
@@ -802,16 +808,24 @@ def test_the_engine_childs_config_file_gets_one_line(tmp_path, text, expected):
     assert result.output.strip() == f"error: {config}: {expected}"
 
 
-def test_an_engine_port_in_use_is_one_line(tmp_path, monkeypatch, port_in_use):
+def test_an_engine_port_in_use_is_one_line_before_the_model_loads(tmp_path, monkeypatch,
+                                                                   port_in_use):
+    """A port in use used to be reported only after the model had loaded (minutes for a real
+    one): the socket is now bound first."""
     import uvicorn
 
+    import engine.server
     from engine.tiny import init_tiny
     from stalewise.cli import app
 
     def served(*args, **kwargs):
         raise AssertionError("the engine served although its socket could not be bound")
 
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded before the port was bound")
+
     monkeypatch.setattr(uvicorn.Server, "run", served)
+    monkeypatch.setattr(engine.server, "Engine", loaded)
     model = init_tiny(tmp_path / "tiny", hidden=32, layers=1)
     result = runner.invoke(app, ["engine", "serve", "--model", str(model), "--port", port_in_use])
     assert result.exit_code == 2, result.output

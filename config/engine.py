@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from config.base import ConfigSection
+from config.base import ConfigSection, Seed
 
 
 class EngineServerConfig(ConfigSection):
@@ -68,7 +68,7 @@ class EngineConfig(EngineServerConfig):
     replica_health_interval_s: float = Field(2.0, gt=0, description="seconds between probes")
     replica_health_failures: int = Field(3, ge=1, description="failed probes in a row: down")
     replica_max_restarts: int = Field(3, ge=0, description="restarts of each local replica")
-    seed: int = Field(0, description="the sampler's seed for requests without their own (replica "
+    seed: Seed = Field(0, description="the sampler's seed for requests without their own (replica "
                       "i: seed + i); in a job, run.seed unless set here")
 
     @model_validator(mode="after")

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from config.base import ConfigSection as Section
+from config.base import Seed
 from config.cluster import ClusterConfig
 from config.engine import DEFAULT_STREAM_INTERVAL, EngineConfig
 from config.errors import ConfigError, read_toml, validate
@@ -34,7 +35,7 @@ class RunConfig(Section):
                       "id and of its folder under output_dir: letters, digits, '_', '.', '-'")
     db_url: str = Field("sqlite:///var/stalewise.db", description="SQLite path/URL or PostgreSQL URL")
     output_dir: str = Field("var/runs", description="checkpoints and reports go in OUTPUT_DIR/RUN_ID")
-    seed: int = 0
+    seed: Seed = 0
     log_format: Literal["auto", "console", "json"] = "auto"
     progress_every_s: float = Field(5.0, gt=0, description="plain progress line period (no TTY)")
     store_outage_s: float = Field(

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from config.base import ConfigSection as _Strict
+from config.base import Seed
 
 Surrogate = Literal["reinforce", "ppo", "gspo", "gspo_token", "cispo"]
 Correction = Literal["none", "tis", "mis"]
@@ -258,7 +259,7 @@ class SftRetry(_Strict):
     lr: float | None = Field(None, gt=0.0)
     lr_schedule: LrSchedule | None = None
     warmup_steps: int | None = Field(None, ge=0)
-    shuffle_seed: int | None = Field(None, description="the demonstration order's seed")
+    shuffle_seed: Seed | None = Field(None, description="the demonstration order's seed")
 
     @model_validator(mode="after")
     def _changes_something(self) -> SftRetry:
@@ -297,7 +298,7 @@ class SftConfig(_Strict):
     retries: list[SftRetry] = Field(
         default_factory=list, description="the settings of each further try `restart_below` "
         "starts, in order (`[[learner.sft.retries]]`)")
-    seed: int = Field(0, description="the demonstrations' and their order's seed; in a job, "
+    seed: Seed = Field(0, description="the demonstrations' and their order's seed; in a job, "
                       "the learner's seed unless set here")
     stages: list[SftStage] = Field(
         default_factory=list,
@@ -372,7 +373,7 @@ class LearnerConfig(_Strict):
         "tokens (sampled with the weights being trained) under float32 and under bfloat16 "
         "products: metrics numerics/gap_<dtype>_mean|p99|max (one extra no-grad forward, in "
         "the precision the learner does not train in)")
-    seed: int = Field(0, description="torch's seed in the learner; in a job, run.seed unless "
+    seed: Seed = Field(0, description="torch's seed in the learner; in a job, run.seed unless "
                       "set here")
     record_trainer_logprobs: bool = Field(
         True, description="store the learner's log-prob of every trained token (per model "

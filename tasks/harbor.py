@@ -145,7 +145,7 @@ def read_task(path: Path) -> HarborTask:
     if not instruction_path.is_file():
         raise _fail(name, path, "instruction.md is missing; add it with the prompt the agent "
                     "gets")
-    instruction = instruction_path.read_text(encoding="utf-8").strip()
+    instruction = _text(name, path, "instruction.md").strip()
     if not instruction:
         raise _fail(name, path, "instruction.md is empty; write the task's prompt in it")
     if config.steps:
@@ -174,17 +174,19 @@ def read_task(path: Path) -> HarborTask:
         raise _fail(name, path, str(err)) from None
     return HarborTask(
         name=name, path=path, config=config, instruction=instruction,
-        dockerfile=dockerfile.read_text(encoding="utf-8") if dockerfile.is_file() else None,
+        dockerfile=_text(name, path, "environment/Dockerfile") if dockerfile.is_file() else None,
         tests=_texts(name, path, "tests"), solution=_texts(name, path, "solution"))
 
 
 def _read_toml(name: str, path: Path) -> TaskToml:
     toml_path = path / "task.toml"
+    if toml_path.is_dir():
+        raise _fail(name, path, "task.toml is a folder; make it a file")
     if not toml_path.is_file():
         raise _fail(name, path, "task.toml is missing; add one (version = \"1.0\" with "
                     "[verifier] and [agent] timeout_sec is enough)")
     try:
-        data = tomllib.loads(toml_path.read_text(encoding="utf-8"))
+        data = tomllib.loads(_text(name, path, "task.toml"))
     except tomllib.TOMLDecodeError as err:
         raise _fail(name, path, f"task.toml is not valid TOML ({err}); fix its syntax") from None
     try:
@@ -194,6 +196,17 @@ def _read_toml(name: str, path: Path) -> TaskToml:
         where = ".".join(str(part) for part in first["loc"])
         raise _fail(name, path, f"task.toml: {where}: {first['msg']} (got "
                     f"{first.get('input')!r}); fix that value") from None
+
+
+def _text(name: str, path: Path, relative: str) -> str:
+    """The task folder's file `relative` as UTF-8 text, or one line naming it."""
+    try:
+        return (path / relative).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise _fail(name, path, f"{relative} is not UTF-8 text (byte {err.start}); save it as "
+                    "UTF-8") from None
+    except OSError as err:
+        raise _fail(name, path, f"{relative} cannot be read ({err.strerror})") from None
 
 
 def _texts(name: str, path: Path, folder: str) -> dict[str, str]:

@@ -498,6 +498,31 @@ def test_a_harbor_task_without_tests_is_one_line(tmp_path):
         "/logs/verifier/reward.txt")
 
 
+@pytest.mark.parametrize("relative, said", [
+    ("instruction.md", "instruction.md is not UTF-8 text (byte 0); save it as UTF-8"),
+    ("task.toml", "task.toml is not UTF-8 text (byte 0); save it as UTF-8"),
+    ("environment/Dockerfile", "environment/Dockerfile is not UTF-8 text (byte 0); save it as "
+                               "UTF-8"),
+], ids=["instruction", "task.toml", "Dockerfile"])
+def test_a_harbor_file_that_is_not_utf8_is_one_line(tmp_path, relative, said):
+    """A Latin-1 or UTF-16 file used to end the load in UnicodeDecodeError's traceback."""
+    task = copy_task(tmp_path, to="latin")
+    (task / relative).write_bytes(b"\xff\xfe" + (task / relative).read_bytes())
+    with pytest.raises(TaskLoadError) as caught:
+        load_family(f"harbor:{tmp_path / 'tasks'}")
+    assert one_line(str(caught.value)) == f"harbor task latin ({task}): {said}"
+
+
+def test_a_harbor_task_toml_that_is_a_folder_is_named_so(tmp_path):
+    task = copy_task(tmp_path, to="folder")
+    (task / "task.toml").unlink()
+    (task / "task.toml").mkdir()
+    with pytest.raises(TaskLoadError) as caught:
+        load_family(f"harbor:{tmp_path / 'tasks'}")
+    assert one_line(str(caught.value)) == (f"harbor task folder ({task}): task.toml is a folder; "
+                                           "make it a file")
+
+
 @pytest.mark.docker
 def test_a_dockerfile_that_fails_to_build_is_one_line_in_the_check_and_the_episode(tmp_path):
     from sandboxes.docker_backend import DockerSandbox

@@ -113,6 +113,12 @@ class Completions:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise HttpError(400, "this model directory has no tokenizer; send token ids")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as exc:  # the tokenizer's own error was an HTTP 500
+                raise HttpError(400, f"the prompt holds {prompt[exc.start]!r} at character "
+                                f"{exc.start}, a lone UTF-16 surrogate that no text encoding "
+                                "holds; send valid Unicode text, or token ids") from None
             return list(self.tokenizer.encode(prompt, add_special_tokens=False))
         return list(prompt)  # type: ignore[arg-type]
 

@@ -335,6 +335,11 @@ class Engine:
         if bad:
             raise RequestError(f"stop token id {bad[0]} is outside the vocabulary "
                                f"[0, {self.vocab_size})")
+        if spec.logprobs_topk > self.vocab_size:
+            raise RequestError(f"asked for the top {spec.logprobs_topk} log-probs "
+                               "(logprobs_topk; logprobs on /v1/completions), more than the "
+                               f"vocabulary's {self.vocab_size} ids; ask for at most "
+                               f"{self.vocab_size}")
 
     def _send(self, kind: str, future: Future | None = None, **args: Any) -> Future:
         future = future or Future()

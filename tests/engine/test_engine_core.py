@@ -338,6 +338,9 @@ def test_bad_input_is_refused_with_a_clear_message(engine, model_v0, tmp_path):
         engine.submit([1, 2, 5000], spec)
     with pytest.raises(RequestError, match="at most 2047"):
         engine.submit([5] * 2048, spec)
+    # a top-k wider than the vocabulary was sampled, and then failed the reply (HTTP 500)
+    with pytest.raises(RequestError, match=f"more than the vocabulary's {engine.vocab_size} ids"):
+        engine.submit([1, 2], SamplingSpec(max_tokens=2, logprobs_topk=engine.vocab_size + 1))
     with pytest.raises(RequestError, match="top_p"):
         SamplingSpec(top_p=0.0)
     with pytest.raises(RequestError, match="min_tokens"):

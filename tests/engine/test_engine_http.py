@@ -149,13 +149,22 @@ def test_text_prompts_and_refused_options(server):
     assert isinstance(reply["choices"][0]["text"], str) and reply["usage"]["completion_tokens"] == 4
     cases = [({"prompt": [5, 6], "n": 2}, "n/best_of"), ({"prompt": [5, 6], "stop": ["x"]}, "stop_token_ids"),
              ({"prompt": [5, 6], "model": "other"}, "not served here"),
-             ({"max_tokens": 3}, "prompt"), ({"prompt": [5, 999]}, "outside the vocabulary")]
+             ({"max_tokens": 3}, "prompt"), ({"prompt": [5, 999]}, "outside the vocabulary"),
+             # an HTTP 500 before: a top-k the reply could not hold
+             ({"prompt": [5, 6], "logprobs": 10**6}, "more than the vocabulary's")]
     for body, message in cases:
         response = post(server.url, "/v1/completions", body)
         assert response.status_code == 400, body
         assert message in response.json()["error"]["message"], (body, response.json())
     response = httpx.post(f"{server.url}/stalewise/generate", content=b"{not json", timeout=10)
     assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
+    # JSON may escape a lone surrogate, which no text encoding holds: the tokenizer's TypeError
+    # was an HTTP 500
+    response = httpx.post(f"{server.url}/v1/completions", timeout=10,
+                          content=b'{"prompt": "a\\ud800b", "max_tokens": 2}')
+    assert response.status_code == 400
+    assert "holds '\\ud800' at character 1, a lone UTF-16 surrogate" in \
+        response.json()["error"]["message"]
 
 
 async def _client_generate_all_fields(url: str) -> None:

@@ -7,13 +7,16 @@ next to the sampling parameters; a call whose context was prefilled again on ano
 replica (failover, `orchestrator.engines.replicas`) carries why as `kv_recompute` there too.
 
 Every text it hands the store is one the store can hold: a NUL character (which PostgreSQL's
-text and JSON columns refuse, failing the whole batch with the rows of other trajectories) is
-written as U+FFFD, in tool observations and arguments, errors and the reasons above.
+text and JSON columns refuse, failing the whole batch with the rows of other trajectories) and a
+lone UTF-16 surrogate (which no encoding holds, so both stores' drivers refuse it; a file name's
+undecodable bytes as `os.fsdecode` gives them) are written as U+FFFD, in tool observations and
+arguments, errors and the reasons above.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from core.engine_api import SamplingParams
@@ -60,9 +63,15 @@ class SqlRecorder:
             started_at=record.started_at, duration_s=record.duration_s, reward=record.reward))
 
 
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
 def storable(text: str) -> str:
-    """`text` with every NUL written as U+FFFD (see the module docstring)."""
-    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+    """`text` with every NUL and every lone surrogate written as U+FFFD (see the module
+    docstring)."""
+    if text.isascii() and "\x00" not in text:
+        return text
+    return _UNSTORABLE.sub("\ufffd", text)
 
 
 def outcome_values(outcome: TrajectoryOutcome) -> dict[str, Any]:

@@ -76,8 +76,8 @@ from core.engine_api import (
     bad_logprobs,
 )
 from core.records import INT32, SampledTokens
-from core.sandbox import Sandbox, SandboxError, SandboxSpec
 from core.samples import segment_samples
+from core.sandbox import Sandbox, SandboxError, SandboxSpec
 from orchestrator.rollout_types import (
     STATUS_OF,
     ModelCallRecord,
@@ -212,17 +212,20 @@ def _event_loop_clock() -> Callable[[], float]:
 
 
 # Terminal control sequences (CSI such as colours and cursor moves, OSC such as window titles,
-# two-byte ESC sequences), then any other control character but tab, newline and carriage return.
+# two-byte ESC sequences), then any other control character but tab, newline and carriage return,
+# and lone UTF-16 surrogates (undecodable bytes as `os.fsdecode` gives them, or a JSON escape).
 _TERMINAL_SEQUENCE = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]|\x9b[0-?]*[ -/]*[@-~]"
     r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?")
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]+")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]+")
 
 
 def clean_observation(text: str) -> str:
     """`text` as the model sees it and the store keeps it: terminal control sequences removed
     (a tool's colours and cursor moves are not content), every other run of control characters
-    (NUL, which PostgreSQL text refuses, included) shown as one U+FFFD, like undecodable bytes."""
+    (NUL, which PostgreSQL text refuses, included) and of lone surrogates (which no encoding
+    holds: the tokenizer and both stores' drivers refuse them) shown as one U+FFFD, like
+    undecodable bytes."""
     if _CONTROL.search(text) is None:
         return text
     return _CONTROL.sub("\ufffd", _TERMINAL_SEQUENCE.sub("", text))

@@ -138,11 +138,14 @@ class BreakingEngine:
 
 @tool
 async def emit(ctx: ToolContext, what: str) -> Any:
-    """Return something that is not text.
+    """Return something that is not text, or raise.
 
     Args:
-        what: ignored.
+        what: "raise" raises an error whose message names an undecodable file (as
+            os.fsdecode gives it, with a lone surrogate); anything else returns a set.
     """
+    if what == "raise":
+        raise ValueError("cannot open caf\udce9.txt")
     return {"a", "set"}
 
 
@@ -153,6 +156,8 @@ def bash_turn(command: str) -> ScriptedTurn:
 
 EMIT_TURN = ScriptedTurn(tuple(CHAT.encode_assistant(
     '<tool_call>{"name":"emit","arguments":{"what":"x"}}</tool_call>')))
+RAISE_TURN = ScriptedTurn(tuple(CHAT.encode_assistant(
+    '<tool_call>{"name":"emit","arguments":{"what":"raise"}}</tool_call>')))
 
 
 def shell_family() -> TaskFamily:

@@ -67,6 +67,7 @@ from tasks.tool_export import export_tools
 from tests.bad_input_support import (
     EMIT_TURN,
     ENGINE_URL,
+    RAISE_TURN,
     RAW_MCP_SERVER,
     RAW_TOOLS,
     VICTIM,
@@ -295,6 +296,9 @@ TOOL_OUTPUTS = {
     "100 MB": _exec("x" * 100_000_000),
     "invalid UTF-8": _exec(b"caf\xe9 \xff\xfe ok".decode("utf-8", errors="replace")),
     "terminal escapes": _exec(ESCAPES),
+    # a file name's undecodable bytes as os.fsdecode gives them (surrogateescape): no encoding
+    # holds a lone surrogate, so the tokenizer and the store's driver both refused it
+    "lone surrogates": _exec("ls: caf\udce9.txt \ud800", raw=16),
 }
 
 
@@ -310,6 +314,8 @@ def _check_observation(kind: str, row) -> None:
         assert "chars cut" in text
     elif kind == "invalid UTF-8":
         assert text == "caf\ufffd \ufffd\ufffd ok"
+    elif kind == "lone surrogates":
+        assert text == "ls: caf\ufffd.txt \ufffd"
     else:
         assert text == "red text"
 
@@ -351,6 +357,18 @@ def test_a_tool_that_returns_no_text_fails_its_trajectory_and_keeps_the_rest(sql
     (first,) = rows(store, s.ToolCall, trajectory_id=int(VICTIM))
     assert first.observation == "fine"
     assert [c.turn for c in rows(store, s.ModelCall, trajectory_id=int(VICTIM))] == [0, 1]
+    _the_others_are_whole(store, model_calls=3, tool_calls=2, victim_trained=None)
+    store.close()
+
+
+def test_a_tool_error_naming_an_undecodable_file_is_stored(sqlite_url):
+    """A lone surrogate in a tool's exception (a file name as os.fsdecode gives it) reached the
+    trajectory's error text, which the store's driver refused: the writer failed the job."""
+    store = run_job(sqlite_url, engine=shell_engine(RAISE_TURN), family=shell_family())
+    victim = trajectory(store, int(VICTIM))
+    assert (victim.status, victim.stop_reason) == ("failed", "tool_exception")
+    assert victim.error.startswith("tool_exception: tool emit raised ValueError: cannot open "
+                                   "caf\ufffd.txt"), victim.error
     _the_others_are_whole(store, model_calls=3, tool_calls=2, victim_trained=None)
     store.close()
 

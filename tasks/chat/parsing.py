@@ -4,7 +4,9 @@
 well-formed when its body is a JSON object with a string `name` naming an available tool and an
 object `arguments` (a JSON string holding an object is accepted too, as OpenAI sends it). Every
 other case becomes a `ParsedCall` with an `error` that says what is wrong, short enough to show
-to the model: unclosed or stray tags, bad JSON, a missing or unknown name, non-object arguments.
+to the model: unclosed or stray tags, bad JSON, a missing or unknown name, non-object arguments,
+arguments holding half of a UTF-16 surrogate pair (a JSON escape such as `\ud800`: no text
+can hold one, so no tool, tokenizer or store could take it).
 """
 
 from __future__ import annotations
@@ -74,7 +76,30 @@ def named_call(raw: str, value: Any, tool_names: Sequence[str],
                                                         f"({err.msg})")
     if not isinstance(arguments, dict):
         return ParsedCall(raw=raw, name=name, error=f'"{key}" must be a JSON object')
+    if "\\u" in raw and (bad := _lone_surrogate(arguments)) is not None:
+        return ParsedCall(raw=raw, name=name, error=(
+            f"{key} hold \\u{ord(bad):04x}, half of a UTF-16 surrogate pair, which no text "
+            "can hold; write the character itself, or both halves of its pair"))
     return ParsedCall(raw=raw, name=name, arguments=arguments)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The first lone surrogate in the strings (keys too) of a decoded JSON value, else None.
+    Only a JSON escape makes one (decoded text never holds one), hence the caller's check for
+    a \\u in the raw text first."""
+    if isinstance(value, str):
+        found = _SURROGATE.search(value)
+        return None if found is None else found.group(0)
+    items = value.items() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for item in items:
+        for part in item if isinstance(value, dict) else (item,):
+            bad = _lone_surrogate(part)
+            if bad is not None:
+                return bad
+    return None
 
 
 def extract_answer(text: str) -> str | None:

@@ -42,6 +42,24 @@ def test_malformed_calls_say_what_is_wrong():
         assert not call.ok and message in call.error, (text, call.error)
 
 
+def test_half_a_surrogate_pair_in_the_arguments_is_malformed():
+    """A JSON escape can make a lone surrogate, which no tool, tokenizer or store can take (the
+    store's driver refused the tool's echo of it, and the writer failed the job)."""
+    cases = {
+        r'{"name":"python","arguments":{"code":"print(\ud800)"}}': "\\ud800",
+        r'{"name":"python","arguments":{"x":[{"\uDC01":1}]}}': "\\udc01",
+        r'{"name":"python","arguments":"{\"code\": \"\\ud83d\"}"}': "\\ud83d",
+    }
+    for body, escape in cases.items():
+        (call,) = parse_tool_calls(f"<tool_call>{body}</tool_call>", TOOLS)
+        assert call.error == (f"arguments hold {escape}, half of a UTF-16 surrogate pair, which "
+                              "no text can hold; write the character itself, or both halves of "
+                              "its pair"), (body, call.error)
+    (whole,) = parse_tool_calls(r'<tool_call>{"name":"python","arguments":{"code":'
+                                r'"\ud83d\ude00 \u00e9"}}</tool_call>', TOOLS)
+    assert whole.ok and whole.arguments == {"code": "\U0001f600 \u00e9"}
+
+
 def test_reopened_tag_is_malformed_and_the_later_call_still_parses():
     text = '<tool_call>{"name":"python"<tool_call>{"name":"bash","arguments":{}}</tool_call>'
     first, second = parse_tool_calls(text, TOOLS)

@@ -64,6 +64,8 @@ def create_app(store: Store) -> Starlette:
 
     def trajectory(request: Request) -> Response:
         trajectory_id = request.path_params["trajectory_id"]
+        if trajectory_id >= 2**63:  # past SQL's 64-bit integers: no such row (was a 500)
+            return _html(None, f"trajectory {trajectory_id}")
         return _html(trajectory_page(store, trajectory_id, request.query_params, decoders_for),
                      f"trajectory {trajectory_id}")
 

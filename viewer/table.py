@@ -23,10 +23,16 @@ def _number(query: Mapping[str, str], name: str, kind: type) -> Any:
     if not raw:
         return None
     try:
-        return kind(raw)
+        value = kind(raw)
     except ValueError:
         raise BadQuery(f"{name}={raw!r} is not a{'n integer' if kind is int else ' number'}; "
                        f"fix or clear that filter") from None
+    if kind is int and not -_INT64 <= value < _INT64:  # SQL's integers are 64-bit (was a 500)
+        raise BadQuery(f"{name}={raw!r} is out of range; fix or clear that filter")
+    return value
+
+
+_INT64 = 2**63
 
 
 def parse_filter(query: Mapping[str, str]) -> TrajectoryFilter:
@@ -67,8 +73,9 @@ def trajectories_page(store: Store, run_id: str, query: Mapping[str, str]) -> st
     if sort not in SORT_KEYS:
         raise BadQuery(f"sort={sort!r} is not one of {', '.join(SORT_KEYS)}")
     desc = query.get("desc") == "1"
-    page_no = max(_number(query, "page", int) or 1, 1)
     total = audit.count_trajectories(store, run_id, f)
+    pages = max((total + PAGE_SIZE - 1) // PAGE_SIZE, 1)
+    page_no = min(max(_number(query, "page", int) or 1, 1), pages)  # past the last: the last
     rows = audit.trajectories(store, run_id, where=f, sort=sort, descending=desc,
                               limit=PAGE_SIZE, offset=(page_no - 1) * PAGE_SIZE)
     state = {k: v for k, v in query.items() if k not in ("page", "sort", "desc")}
@@ -92,7 +99,6 @@ def trajectories_page(store: Store, run_id: str, query: Mapping[str, str]) -> st
                   fmt(r["duration_s"], 3)] for r in rows]
     head = "".join(f"<th>{heading(label, key)}</th>" for label, key in headers)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in body_rows)
-    pages = max((total + PAGE_SIZE - 1) // PAGE_SIZE, 1)
     nav = (f'<p class="pager" id="pager">{esc(total)} trajectories · page {page_no} of {pages} '
            + (f'<a href="{href(path, **state, sort=sort, desc=int(desc), page=page_no - 1)}">'
               f'previous</a> ' if page_no > 1 else "")

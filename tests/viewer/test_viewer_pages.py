@@ -101,6 +101,14 @@ def test_bad_queries_and_unknown_ids(client):
     assert http.get("/runs/r1/trajectories?sort=colour").status_code == 400
     assert http.get("/runs/nope").status_code == 404
     assert http.get("/trajectories/999").status_code == 404
+    # numbers past SQL's 64-bit integers were HTTP 500s (OverflowError in the driver)
+    huge = "99999999999999999999"
+    assert http.get(f"/trajectories/{huge}").status_code == 404
+    bad = http.get(f"/runs/r1/trajectories?min_lag={huge}")
+    assert bad.status_code == 400 and f"min_lag=&#x27;{huge}&#x27; is out of range" in bad.text
+    # a page past the last is the last (page 10**18 was an offset past 64 bits: a 500)
+    past = http.get(f"/runs/r1/trajectories?page={10**18}")
+    assert past.status_code == 200 and "page 1 of 1" in past.text
     for path in ("/", "/runs/r1", "/runs/r1/trajectories?search=ABC&sort=reward&desc=1"):
         response = http.get(path)
         assert response.status_code == 200

@@ -93,7 +93,7 @@ from tasks.chat.conversation import Conversation
 from tasks.chat.parsing import extract_answer
 from tasks.messages import ChatMessage
 from tasks.tools import Tool, ToolArgumentError, ToolContext, ToolError, ToolResult
-from tasks.verify import Reward, VerifierError, VerifyContext
+from tasks.verify import Reward, VerifierError, VerifyContext, as_reward
 
 SandboxAcquirer = Callable[[SandboxSpec], AbstractAsyncContextManager[Sandbox]]
 Gate = Callable[[], AbstractAsyncContextManager[Any]]
@@ -583,7 +583,8 @@ class _Rollout:
         try:
             with _Limit(t0, (self.limits.verify_timeout_s, _VerifyTimeout)):
                 await self._put_files(sandbox, self.task.hidden_files)
-                return await self.task.verifier(self._verify_context(sandbox, stop)), None
+                result = await self.task.verifier(self._verify_context(sandbox, stop))
+                return as_reward(result), None
         except _VerifyTimeout:
             return None, _Stop(stop.reason, f"verifier exceeded {self.limits.verify_timeout_s:g}s",
                                "verifier_timeout")

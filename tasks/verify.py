@@ -3,8 +3,10 @@
 A `Rubric` is a list of named `Component`s, each a function of the `VerifyContext` (sync or
 async) returning a float. The reward is the weighted sum of the components; a component with
 weight 0 is a metric: it appears in the breakdown and never moves the reward. Components run
-one after another in declaration order (they may share the sandbox). Any callable returning a
-`Reward` can serve as a verifier too.
+one after another in declaration order (they may share the sandbox). Any async callable
+returning a `Reward` can serve as a verifier too; a plain number (a bool too: 1 or 0) is taken as
+`Reward(number)`, and anything else (None from a verifier that forgot its `return`, a string, a
+dict) is a bug in the verifier, said in one line (`as_reward`).
 
 A verifier raises `VerifierError` when it cannot score at all (an external test script that
 crashed or wrote no reward); any other exception is a bug in the verifier.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -58,6 +61,21 @@ class VerifyContext:
     stop_reason: str
     turns: int
     tool_calls: int
+
+
+def as_reward(result: Any) -> Reward:
+    """A verifier's result as a `Reward`: a `Reward` as it is, a real number as its value;
+    anything else raises TypeError saying what came back and what to return."""
+    if isinstance(result, Reward):
+        return result
+    if isinstance(result, numbers.Real):
+        return Reward(float(result))
+    shown = repr(result)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise TypeError(f"the verifier returned {type(result).__name__} {shown}, not a Reward; "
+                    "return Reward(score) or a number"
+                    + (" (a verifier without a return statement returns None)"
+                       if result is None else ""))
 
 
 class Verifier(Protocol):

@@ -60,7 +60,7 @@ from orchestrator.engines.embedded import engine_client
 from orchestrator.engines.scripted import ScriptedEngine, turns_from_texts
 from orchestrator.rollout import run_trajectory, start_sandbox, use_sandbox
 from orchestrator.rollout_types import MemoryRecorder, TrajectoryStatus
-from tasks import TaskLimits
+from tasks import TaskInstance, TaskLimits
 from tasks.loading import TaskLoadError, load_family
 from tasks.mcp import McpError, McpServerConfig, discover_tools, mcp_tool
 from tasks.tool_export import export_tools
@@ -487,6 +487,42 @@ def test_a_task_file_that_cannot_be_used_is_one_line_naming_the_file(tmp_path, c
         load_family(path)
     message = one_line(str(caught.value))
     assert path in message and expected in message, message
+
+
+@pytest.mark.parametrize("returned, said", [
+    (None, "the verifier returned NoneType None, not a Reward; return Reward(score) or a number "
+           "(a verifier without a return statement returns None)"),
+    ("1.0", "the verifier returned str '1.0', not a Reward; return Reward(score) or a number"),
+    ({"value": 1}, "the verifier returned dict {'value': 1}, not a Reward; return "
+                   "Reward(score) or a number"),
+], ids=["None", "a string", "a dict"])
+def test_a_verifier_that_returns_no_reward_fails_its_trajectory_in_one_line(returned, said):
+    """A verifier returning None left a completed trajectory with no reward; a string or a dict
+    raised AttributeError out of the agent loop."""
+    async def verifier(ctx):
+        return returned
+
+    outcome = anyio.run(partial(
+        run_trajectory, task=TaskInstance(prompt="p", tools=(), verifier=verifier),
+        engine=ScriptedEngine(turns_from_texts(FORMAT.encode_assistant, ["done"])),
+        acquire_sandbox=use_sandbox(None), chat_format=FORMAT, recorder=MemoryRecorder(),
+        params=SamplingParams(max_tokens=64)))
+    assert (outcome.status, outcome.error_type) == (TrajectoryStatus.FAILED, "verifier_exception")
+    assert outcome.reward is None
+    assert outcome.error.splitlines()[0] == f"verifier raised TypeError: {said}"
+
+
+@pytest.mark.parametrize("returned", [1, 0.5, True, np.float32(0.25)], ids=repr)
+def test_a_verifier_may_return_a_plain_number(returned):
+    async def verifier(ctx):
+        return returned
+
+    outcome = anyio.run(partial(
+        run_trajectory, task=TaskInstance(prompt="p", tools=(), verifier=verifier),
+        engine=ScriptedEngine(turns_from_texts(FORMAT.encode_assistant, ["done"])),
+        acquire_sandbox=use_sandbox(None), chat_format=FORMAT, recorder=MemoryRecorder(),
+        params=SamplingParams(max_tokens=64)))
+    assert outcome.status is TrajectoryStatus.COMPLETED and outcome.reward == float(returned)
 
 
 def test_the_run_command_names_the_config_field_of_a_bad_task_file(tmp_path):

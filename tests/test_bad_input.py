@@ -489,6 +489,18 @@ def test_a_task_file_that_cannot_be_used_is_one_line_naming_the_file(tmp_path, c
     assert path in message and expected in message, message
 
 
+def _answered_with_verifier_returning(returned):
+    """The outcome of a one-turn answer to a task whose verifier returns `returned`."""
+    async def verifier(ctx):
+        return returned
+
+    return anyio.run(partial(
+        run_trajectory, task=TaskInstance(prompt="p", tools=(), verifier=verifier),
+        engine=ScriptedEngine(turns_from_texts(FORMAT.encode_assistant, ["done"])),
+        acquire_sandbox=use_sandbox(None), chat_format=FORMAT, recorder=MemoryRecorder(),
+        params=SamplingParams(max_tokens=64)))
+
+
 @pytest.mark.parametrize("returned, said", [
     (None, "the verifier returned NoneType None, not a Reward; return Reward(score) or a number "
            "(a verifier without a return statement returns None)"),
@@ -499,14 +511,7 @@ def test_a_task_file_that_cannot_be_used_is_one_line_naming_the_file(tmp_path, c
 def test_a_verifier_that_returns_no_reward_fails_its_trajectory_in_one_line(returned, said):
     """A verifier returning None left a completed trajectory with no reward; a string or a dict
     raised AttributeError out of the agent loop."""
-    async def verifier(ctx):
-        return returned
-
-    outcome = anyio.run(partial(
-        run_trajectory, task=TaskInstance(prompt="p", tools=(), verifier=verifier),
-        engine=ScriptedEngine(turns_from_texts(FORMAT.encode_assistant, ["done"])),
-        acquire_sandbox=use_sandbox(None), chat_format=FORMAT, recorder=MemoryRecorder(),
-        params=SamplingParams(max_tokens=64)))
+    outcome = _answered_with_verifier_returning(returned)
     assert (outcome.status, outcome.error_type) == (TrajectoryStatus.FAILED, "verifier_exception")
     assert outcome.reward is None
     assert outcome.error.splitlines()[0] == f"verifier raised TypeError: {said}"
@@ -514,14 +519,7 @@ def test_a_verifier_that_returns_no_reward_fails_its_trajectory_in_one_line(retu
 
 @pytest.mark.parametrize("returned", [1, 0.5, True, np.float32(0.25)], ids=repr)
 def test_a_verifier_may_return_a_plain_number(returned):
-    async def verifier(ctx):
-        return returned
-
-    outcome = anyio.run(partial(
-        run_trajectory, task=TaskInstance(prompt="p", tools=(), verifier=verifier),
-        engine=ScriptedEngine(turns_from_texts(FORMAT.encode_assistant, ["done"])),
-        acquire_sandbox=use_sandbox(None), chat_format=FORMAT, recorder=MemoryRecorder(),
-        params=SamplingParams(max_tokens=64)))
+    outcome = _answered_with_verifier_returning(returned)
     assert outcome.status is TrajectoryStatus.COMPLETED and outcome.reward == float(returned)
 
 

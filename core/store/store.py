@@ -162,6 +162,27 @@ class _RawInsert:
 
 _INSERT_MODEL_CALLS = _RawInsert(s.ModelCall.__table__, json_columns=("sampling",))
 _INSERT_TOOL_CALLS = _RawInsert(s.ToolCall.__table__)
+_INSERT_DECISIONS = _RawInsert(s.AdmissionDecision.__table__, json_columns=("details",))
+_INSERT_STREAM = _RawInsert(s.StreamEntry.__table__)
+
+# The statements a dispatch and an admission run, built once, with the decisions and stream
+# entries on the raw insert path: building a statement per call (and SQLAlchemy's cache key for
+# it) cost more than running it. On SQLite a group's creation took 0.63 ms against 0.30, a
+# group of 8 decisions 0.54 ms against 0.20 (side by side, Intel Xeon @ 2.80GHz).
+_TASKS, _GROUPS, _TRAJECTORIES, _RUNS = (s.TaskInstance.__table__, s.Group.__table__,
+                                         s.Trajectory.__table__, s.Run.__table__)
+_FIND_INSTANCE = select(_TASKS.c.id).where(
+    (_TASKS.c.run_id == bindparam("run_id")) & (_TASKS.c.family == bindparam("family"))
+    & (_TASKS.c.key == bindparam("key")))
+_INSERT_INSTANCE = insert(_TASKS)
+_INSERT_GROUP = insert(_GROUPS)
+_INSERT_MEMBERS = insert(_TRAJECTORIES).returning(_TRAJECTORIES.c.id,
+                                                  sort_by_parameter_order=True)
+_CLOSE_GROUP = (update(_GROUPS).where(_GROUPS.c.id == bindparam("_id"))
+                .values(status=bindparam("status"), completed_at=bindparam("completed_at")))
+_ADVANCE_STREAM = (update(_RUNS).where(_RUNS.c.id == bindparam("_id"))
+                   .values(stream_head=_RUNS.c.stream_head + bindparam("_count"))
+                   .returning(_RUNS.c.stream_head))
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -273,25 +294,19 @@ class Store:
     def create_group_in(c: Connection, run_id: str, *, family: str, key: str, content_hash: str,
                         difficulty: str, prompt: str, size: int,
                         dispatch_version: int) -> tuple[int, int, list[int]]:
-        tasks, groups, trajectories = (s.TaskInstance.__table__, s.Group.__table__,
-                                       s.Trajectory.__table__)
         stamp = now()
-        instance = c.execute(select(tasks.c.id).where(
-            (tasks.c.run_id == run_id) & (tasks.c.family == family) & (tasks.c.key == key))
-        ).scalar()
+        instance = c.execute(_FIND_INSTANCE, dict(run_id=run_id, family=family, key=key)).scalar()
         if instance is None:
-            instance = c.execute(insert(tasks).values(
+            instance = c.execute(_INSERT_INSTANCE, dict(
                 run_id=run_id, family=family, key=key, content_hash=content_hash,
                 difficulty=difficulty, prompt=prompt)).inserted_primary_key[0]
-        group = c.execute(insert(groups).values(
+        group = c.execute(_INSERT_GROUP, dict(
             run_id=run_id, task_instance_id=instance, size=size, status="open",
             dispatch_version=dispatch_version, created_at=stamp)).inserted_primary_key[0]
         rows = [dict(run_id=run_id, group_id=group, task_instance_id=instance, sample_index=i,
                      attempt=0, status="queued", queued_at=stamp,
                      dispatch_version=dispatch_version, purpose="train") for i in range(size)]
-        ids = c.execute(insert(trajectories).returning(trajectories.c.id,
-                                                       sort_by_parameter_order=True),
-                        rows).scalars().all()
+        ids = c.execute(_INSERT_MEMBERS, rows).scalars().all()
         return instance, group, list(ids)
 
     def count_groups(self, run_id: str) -> int:
@@ -482,23 +497,19 @@ class Store:
                   group_status: str | None = None) -> list[int]:
         stamp = now()
         if group_status is not None and group_id is not None:
-            c.execute(update(s.Group.__table__).where(s.Group.id == group_id)
-                      .values(status=group_status, completed_at=stamp))
+            c.execute(_CLOSE_GROUP, dict(_id=group_id, status=group_status, completed_at=stamp))
         if not decisions:
             return []
         streamed = [d for d in decisions if d["action"] in ("admit", "mask")]
-        runs = s.Run.__table__
-        c.execute(insert(s.AdmissionDecision.__table__), [dict(
+        _INSERT_DECISIONS.execute(c, [dict(
             run_id=run_id, trajectory_id=d["trajectory_id"], group_id=d.get("group_id"),
             decision=d["action"], reason=d["reason"], learner_version=learner_version,
             lag=d.get("lag"), details=d.get("details"), created_at=stamp) for d in decisions])
         if not streamed:
             return []
-        head = c.execute(update(runs).where(runs.c.id == run_id)
-                         .values(stream_head=runs.c.stream_head + len(streamed))
-                         .returning(runs.c.stream_head)).scalar_one()
+        head = c.execute(_ADVANCE_STREAM, dict(_id=run_id, _count=len(streamed))).scalar_one()
         first = head - len(streamed) + 1
-        c.execute(insert(s.StreamEntry.__table__), [dict(
+        _INSERT_STREAM.execute(c, [dict(
             run_id=run_id, seq=first + i, trajectory_id=d["trajectory_id"],
             group_id=d.get("group_id"), reward=float(d["reward"]),
             loss_masked=d["action"] == "mask", admitted_at=stamp,

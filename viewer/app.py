@@ -21,7 +21,7 @@ from core.store import audit
 from core.store.store import Store
 from viewer.html import esc, page
 from viewer.runs import dashboard_page, runs_page
-from viewer.table import BadQuery, trajectories_page
+from viewer.table import INT64_END, BadQuery, trajectories_page
 from viewer.trajectory import Decoders, trajectory_page
 
 STATIC = Path(__file__).parent / "static"
@@ -64,7 +64,7 @@ def create_app(store: Store) -> Starlette:
 
     def trajectory(request: Request) -> Response:
         trajectory_id = request.path_params["trajectory_id"]
-        if trajectory_id >= 2**63:  # past SQL's 64-bit integers: no such row (was a 500)
+        if trajectory_id >= INT64_END:  # no such row can exist (was a 500)
             return _html(None, f"trajectory {trajectory_id}")
         return _html(trajectory_page(store, trajectory_id, request.query_params, decoders_for),
                      f"trajectory {trajectory_id}")

@@ -27,12 +27,12 @@ def _number(query: Mapping[str, str], name: str, kind: type) -> Any:
     except ValueError:
         raise BadQuery(f"{name}={raw!r} is not a{'n integer' if kind is int else ' number'}; "
                        f"fix or clear that filter") from None
-    if kind is int and not -_INT64 <= value < _INT64:  # SQL's integers are 64-bit (was a 500)
+    if kind is int and not -INT64_END <= value < INT64_END:  # SQL's integers (was a 500)
         raise BadQuery(f"{name}={raw!r} is out of range; fix or clear that filter")
     return value
 
 
-_INT64 = 2**63
+INT64_END = 2**63  # SQL's integers are 64-bit: every id and filter is below it
 
 
 def parse_filter(query: Mapping[str, str]) -> TrajectoryFilter:

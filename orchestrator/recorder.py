@@ -21,6 +21,7 @@ from typing import Any
 
 from core.engine_api import SamplingParams
 from core.store.store import model_call_row
+from core.text import SURROGATES
 from orchestrator.rollout_types import ModelCallRecord, ToolCallRecord, TrajectoryOutcome
 from orchestrator.writer import StoreWriter
 
@@ -63,7 +64,7 @@ class SqlRecorder:
             started_at=record.started_at, duration_s=record.duration_s, reward=record.reward))
 
 
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_UNSTORABLE = re.compile("[\x00" + SURROGATES + "]")
 
 
 def storable(text: str) -> str:

@@ -77,6 +77,7 @@ from core.engine_api import (
 )
 from core.records import INT32, SampledTokens
 from core.samples import segment_samples
+from core.text import SURROGATES
 from core.sandbox import Sandbox, SandboxError, SandboxSpec
 from orchestrator.rollout_types import (
     STATUS_OF,
@@ -217,7 +218,7 @@ def _event_loop_clock() -> Callable[[], float]:
 _TERMINAL_SEQUENCE = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]|\x9b[0-?]*[ -/]*[@-~]"
     r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?")
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]+")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f" + SURROGATES + "]+")
 
 
 def clean_observation(text: str) -> str:

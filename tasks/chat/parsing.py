@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from core.text import SURROGATES
 from tasks.chat.base import ParsedCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -83,7 +84,7 @@ def named_call(raw: str, value: Any, tool_names: Sequence[str],
     return ParsedCall(raw=raw, name=name, arguments=arguments)
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE = re.compile("[" + SURROGATES + "]")
 
 
 def _lone_surrogate(value: Any) -> str | None:
@@ -93,12 +94,16 @@ def _lone_surrogate(value: Any) -> str | None:
     if isinstance(value, str):
         found = _SURROGATE.search(value)
         return None if found is None else found.group(0)
-    items = value.items() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    for item in items:
-        for part in item if isinstance(value, dict) else (item,):
-            bad = _lone_surrogate(part)
-            if bad is not None:
-                return bad
+    if isinstance(value, dict):
+        parts = [part for item in value.items() for part in item]
+    elif isinstance(value, list):
+        parts = value
+    else:
+        return None
+    for part in parts:
+        bad = _lone_surrogate(part)
+        if bad is not None:
+            return bad
     return None
 
 

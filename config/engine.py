@@ -69,7 +69,8 @@ class EngineConfig(EngineServerConfig):
     replica_health_failures: int = Field(3, ge=1, description="failed probes in a row: down")
     replica_max_restarts: int = Field(3, ge=0, description="restarts of each local replica")
     seed: Seed = Field(0, description="the sampler's seed for requests without their own (replica "
-                      "i: seed + i); in a job, run.seed unless set here")
+                      "i: seed + i), and the base of the evaluations' per-call seeds; in a job, "
+                      "run.seed unless set here")
 
     @model_validator(mode="after")
     def _one_way_to_reach(self) -> "EngineConfig":

@@ -10,10 +10,15 @@ orchestrator.inflight): an evaluation cut short is still recorded, with its abor
 The test split is read here and nowhere else: RL dispatches train instances, and the warm
 start's selection and check read validation ones. `distinct` counts different instances
 (content hashes), so a test pool that repeats itself shows in every summary.
+
+A job seeds its evaluations' model calls from `[engine] seed` (`seed` below). Without that, the
+engine drew every row from one generator in the order requests reached its batches, so the
+same weights scored differently from run to run with the timing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from statistics import fmean
 
 import anyio
@@ -21,6 +26,7 @@ import anyio
 from core.engine_api import InferenceEngine, SamplingParams
 from core.evaluation import Evaluation, solved
 from core.log import get_logger
+from core.seeds import derived_seed
 from core.store.store import Store
 from orchestrator.inflight import InFlight
 from orchestrator.recorder import SqlRecorder, outcome_values
@@ -36,10 +42,15 @@ log = get_logger("stalewise.evaluate")
 async def evaluate(*, label: str, run_id: str, version: int, store: Store, writer: StoreWriter,
                    engine: InferenceEngine, family: TaskFamily, chat_format: ChatFormat,
                    acquire, params: SamplingParams, instances: int, concurrency: int,
-                   options: RolloutOptions = RolloutOptions(), split: str = "test"
-                   ) -> Evaluation:
+                   options: RolloutOptions = RolloutOptions(), split: str = "test",
+                   seed: int | None = None) -> Evaluation:
     """Evaluate `instances` instances (0..) of `split` at weights `version`; the `Evaluation`
-    is recorded in the store before it is returned (also when the run stops during it)."""
+    is recorded in the store before it is returned (also when the run stops during it).
+
+    With a `seed`, the model calls of instance i are seeded from (seed, split, i) and their
+    turn: the engine then draws them whatever it batches them with, so an evaluation of the
+    same weights repeats, and the before and after evaluations draw instance i's samples with
+    the same random numbers."""
     limiter = anyio.CapacityLimiter(concurrency)
     if family.size is not None:  # a finite family (Harbor folders): each instance once at most
         instances = min(instances, family.size)
@@ -56,12 +67,14 @@ async def evaluate(*, label: str, run_id: str, version: int, store: Store, write
                 dispatch_version=version, purpose="eval"))
             unfinished.add(trajectory_id, index)
             tally.started(task)
+        seeded = options if seed is None else dataclasses.replace(
+            options, sampling_seed=derived_seed(seed, split, index))
         async with limiter:
             outcome = await run_trajectory(
                 task=task, engine=engine,
                 acquire_sandbox=lambda spec: acquire(spec, trajectory_id),
                 chat_format=chat_format, params=params, recorder=SqlRecorder(writer),
-                trajectory_id=trajectory_id, options=options)
+                trajectory_id=trajectory_id, options=seeded)
         await writer.put_trajectory_update(trajectory_id, outcome_values(outcome))
         unfinished.ended(trajectory_id)
         tally.ended(task, outcome)

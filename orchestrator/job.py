@@ -405,7 +405,7 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
                              family=family, chat_format=chat_format, acquire=pools.acquire,
                              params=pipeline.params, instances=job.tasks.eval_instances,
                              concurrency=job.rollout.max_concurrent,
-                             split=job.tasks.eval_split,
+                             split=job.tasks.eval_split, seed=job.engine.seed,
                              options=await pipeline.rollout_options())
             if job.tasks.eval_instances and job.tasks.eval_before and not resumed:
                 log.info("evaluation", **asdict(await evaluate(label="before", version=version,

@@ -77,6 +77,7 @@ from core.engine_api import (
 )
 from core.records import INT32, SampledTokens
 from core.samples import segment_samples
+from core.seeds import derived_seed
 from core.text import SURROGATES
 from core.sandbox import Sandbox, SandboxError, SandboxSpec
 from orchestrator.rollout_types import (
@@ -112,6 +113,9 @@ class RolloutOptions:
     release_timeout_s: float = 30.0  # releasing sessions / the sandbox, shielded
     tool_grace_s: float = 5.0  # backstop beyond a tool's timeout (exec enforces it first)
     model_context: int | None = None  # the engine's context window: caps a task's context_length
+    # Seeds every model call: the call of turn t is sampled with derived_seed(sampling_seed, t),
+    # so its tokens do not depend on the requests the engine batched it with (evaluations)
+    sampling_seed: int | None = None
 
 
 class _Stop(Exception):
@@ -361,7 +365,7 @@ class _Rollout:
         conversation = self.conversation
         assert conversation is not None
         delta = conversation.take_prompt()
-        params = self._params(max_tokens)
+        params = self._params(max_tokens, turn)
         session = f"{self.session_name}/{delta.segment}"
         self.sessions.add(session)
         request = GenerateRequest(list(conversation.token_ids), params, session_id=session)
@@ -399,14 +403,18 @@ class _Rollout:
             return None
         return str(conversation.segment_breaks[segment])
 
-    def _params(self, max_tokens: int) -> SamplingParams:
+    def _params(self, max_tokens: int, turn: int) -> SamplingParams:
         """The sampling params as sent: the caller's, with this call's max_tokens and the
-        format's stop ids (one copy per distinct max_tokens)."""
+        format's stop ids (one copy per distinct max_tokens), and the turn's own seed when the
+        options seed the calls."""
         params = self._params_by_max.get(max_tokens)
         if params is None:
             params = self.params.model_copy(update={"max_tokens": max_tokens,
                                                     "stop_token_ids": self._stops})
             self._params_by_max[max_tokens] = params
+        if self.options.sampling_seed is not None:
+            params = params.model_copy(
+                update={"seed": derived_seed(self.options.sampling_seed, turn)})
         return params
 
     async def _generate(self, request: GenerateRequest) -> GenerateResult:

@@ -31,8 +31,8 @@ from core.store.store import Store
 from orchestrator.inflight import InFlight
 from orchestrator.recorder import SqlRecorder, outcome_values
 from orchestrator.rollout import RolloutOptions, run_trajectory
-from orchestrator.writer import StoreWriter
 from orchestrator.rollout_types import TrajectoryOutcome
+from orchestrator.writer import StoreWriter
 from tasks.api import TaskFamily, TaskInstance
 from tasks.chat.base import ChatFormat
 

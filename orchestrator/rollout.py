@@ -77,9 +77,9 @@ from core.engine_api import (
 )
 from core.records import INT32, SampledTokens
 from core.samples import segment_samples
+from core.sandbox import Sandbox, SandboxError, SandboxSpec
 from core.seeds import derived_seed
 from core.text import SURROGATES
-from core.sandbox import Sandbox, SandboxError, SandboxSpec
 from orchestrator.rollout_types import (
     STATUS_OF,
     ModelCallRecord,

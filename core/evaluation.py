@@ -77,6 +77,20 @@ def gain_figures(before: tuple[int, int], after: tuple[int, int]) -> dict[str, A
             "gain_low": round(difference.low, 4), "gain_high": round(difference.high, 4)}
 
 
+def paired_outcomes(before: Mapping[str, float | None],
+                    after: Mapping[str, float | None]) -> dict[str, int]:
+    """Over the instances both evaluations ran (rewards by task key; None: no reward, a
+    failure): how many were solved by both, only after RL, only before it, and by neither.
+    The two evaluations draw an instance with the same seeds (orchestrator/evaluate.py), so
+    where RL changed its distribution little the two draws agree, and "only before" is mostly
+    what RL made worse rather than the luck of two independent draws."""
+    keys = before.keys() & after.keys()
+    pairs = [(solved(before[key]), solved(after[key])) for key in keys]
+    return {"instances": len(pairs), "both": pairs.count((True, True)),
+            "only_after": pairs.count((False, True)), "only_before": pairs.count((True, False)),
+            "neither": pairs.count((False, False))}
+
+
 def latest_by_label(evaluations: list[Evaluation]) -> dict[str, Evaluation]:
     """Each label's latest evaluation that ran to its end, else its latest one (a resumed run
     may hold an evaluation cut short and the one that replaced it)."""

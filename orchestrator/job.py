@@ -30,12 +30,19 @@ from pydantic import BaseModel
 from config.job import JobConfig
 from config.learner import WarmStartJob
 from core.children import Child, python_command
-from core.evaluation import Evaluation, failure_changes, gain_figures, latest_by_label
+from core.evaluation import (
+    Evaluation,
+    failure_changes,
+    gain_figures,
+    latest_by_label,
+    paired_outcomes,
+)
 from core.log import bind_run, configure_logging, get_logger
 from core.numerics import cpu_facts, model_width, resolve_dtype
 from core.open_files import raise_open_files
 from core.store import audit
 from core.store.outage import Outage, first_line
+from core.store.rollouts import evaluation_rewards
 from core.store.store import Store
 from core.tiny import tiny_seed
 from core.tokenizer import load_tokenizer
@@ -448,6 +455,12 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
             and by_label["after"].instances > 0:
         summary["held_out_95"] = gain_figures(by_label["before"].counts,
                                               by_label["after"].counts)
+        before_version, after_version = (by_label[label].policy_version
+                                         for label in ("before", "after"))
+        if before_version != after_version:  # else the two evaluations' trajectories mix
+            summary["held_out_paired"] = paired_outcomes(
+                evaluation_rewards(store, run_id, before_version),
+                evaluation_rewards(store, run_id, after_version))
     write_report(summary, ledger, run_dir, curve=curve)
     print_summary(summary, results, job)
     return summary
@@ -474,6 +487,12 @@ def print_summary(summary: dict, results: list[Evaluation], job: JobConfig) -> N
             lines.append(f"  95% intervals: gain {summary['held_out_95']['gain']} "
                          f"(before {summary['held_out_95']['before']}, after "
                          f"{summary['held_out_95']['after']})")
+        paired = summary.get("held_out_paired")
+        if paired:
+            lines.append(f"  per {after.split} instance, with the same sampling seeds before and "
+                         f"after RL: solved by both {paired['both']}, only after RL "
+                         f"{paired['only_after']}, only before {paired['only_before']}, by "
+                         f"neither {paired['neither']}")
         changes = failure_changes(before, after)
         if changes:
             lines.append(f"  what RL changed: unsolved {after.split} trajectories by failure "

@@ -36,6 +36,7 @@ ONE_WORKER_FILES = {
     "tests/orchestrator/test_cluster_ray.py": "second-dockerd",
     "tests/orchestrator/test_job_hosts.py": "second-dockerd",
     "tests/sandboxes/test_sandbox_hosts.py": "second-dockerd",
+    "tests/orchestrator/test_real_run_evaluations.py": "real-run",
     "tests/stalewise/test_audit_template.py": "real-run",
     "tests/stalewise/test_exports.py": "real-run",
     "tests/viewer/test_viewer_browser.py": "real-run",

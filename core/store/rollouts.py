@@ -87,3 +87,15 @@ def insert_ledger(store: Store, run_id: str, rows: Sequence[dict[str, Any]],
         with store.engine.begin() as c:
             c.execute(insert(s.BiasLedgerRow.__table__),
                       [dict(run_id=run_id, computed_at=computed_at, **r) for r in rows])
+
+
+def evaluation_rewards(store: Store, run_id: str, version: int) -> dict[str, float | None]:
+    """The reward of every evaluation trajectory the run dispatched at weights `version`, by
+    task key (None: none, a failure); where an evaluation was repeated at that version (one cut
+    short, then run again), a key's latest trajectory."""
+    t, ti = s.Trajectory.__table__, s.TaskInstance.__table__
+    query = (select(ti.c.key, t.c.reward).select_from(t.join(ti, ti.c.id == t.c.task_instance_id))
+             .where(t.c.run_id == run_id, t.c.purpose == "eval",
+                    t.c.dispatch_version == version).order_by(t.c.id))
+    with store.engine.connect() as c:
+        return {key: reward for key, reward in c.execute(query)}

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from core.stats import Interval, newcombe_difference, wilson
+from core.stats import Interval, newcombe_difference, newcombe_paired_difference, wilson
 
 SUCCESS = 0.999  # a reward at or above this counts as solved
 
@@ -78,17 +78,24 @@ def gain_figures(before: tuple[int, int], after: tuple[int, int]) -> dict[str, A
 
 
 def paired_outcomes(before: Mapping[str, float | None],
-                    after: Mapping[str, float | None]) -> dict[str, int]:
+                    after: Mapping[str, float | None]) -> dict[str, Any]:
     """Over the instances both evaluations ran (rewards by task key; None: no reward, a
-    failure): how many were solved by both, only after RL, only before it, and by neither.
+    failure): how many were solved by both, only after RL, only before it, and by neither, and
+    the paired 95% interval of the gain over them (`gain`, Newcombe's paired method).
     The two evaluations draw an instance with the same seeds (orchestrator/evaluate.py), so
     where RL changed its distribution little the two draws agree, and "only before" is mostly
     what RL made worse rather than the luck of two independent draws."""
     keys = before.keys() & after.keys()
     pairs = [(solved(before[key]), solved(after[key])) for key in keys]
-    return {"instances": len(pairs), "both": pairs.count((True, True)),
-            "only_after": pairs.count((False, True)), "only_before": pairs.count((True, False)),
-            "neither": pairs.count((False, False))}
+    counts = {"instances": len(pairs), "both": pairs.count((True, True)),
+              "only_after": pairs.count((False, True)),
+              "only_before": pairs.count((True, False)), "neither": pairs.count((False, False))}
+    if not pairs:
+        return counts
+    gain = newcombe_paired_difference(counts["both"], counts["only_after"],
+                                      counts["only_before"], counts["neither"])
+    return {**counts, "gain": gain.percent(), "gain_excludes_zero": gain.excludes_zero(),
+            "gain_low": round(gain.low, 4), "gain_high": round(gain.high, 4)}
 
 
 def latest_by_label(evaluations: list[Evaluation]) -> dict[str, Evaluation]:

@@ -1,4 +1,5 @@
-"""Intervals for success rates: Wilson for one proportion, Newcombe for a difference of two.
+"""Intervals for success rates: Wilson for one proportion, Newcombe for a difference of two
+(independent samples, or two outcomes of the same instances).
 
 Both are closed-form score intervals (no resampling), accurate at the sample sizes and
 success rates held-out evaluations have (tens to hundreds of instances, rates near 0 or 1
@@ -6,10 +7,10 @@ included), where the normal approximation is too narrow. Guarantees: every bound
 [0, 1] for one proportion and in [-1, 1] for a difference; the point estimate lies inside its
 interval; `n == 0` raises instead of inventing an interval.
 
-The difference interval treats the two samples as independent. A before/after evaluation on
+`newcombe_difference` treats the two samples as independent. A before/after evaluation on
 the same instances is paired; when the two outcomes of one instance are positively correlated
-(the usual case), the independent interval is wider than a paired one, so "excludes zero"
-stays a conservative claim.
+(the usual case), the independent interval is wider than the paired one
+(`newcombe_paired_difference`), so its "excludes zero" is the conservative claim.
 """
 
 from __future__ import annotations
@@ -55,6 +56,36 @@ def newcombe_difference(successes_a: int, n_a: int, successes_b: int, n_b: int,
     difference = b.estimate - a.estimate
     low = difference - math.sqrt((b.estimate - b.low) ** 2 + (a.high - a.estimate) ** 2)
     high = difference + math.sqrt((b.high - b.estimate) ** 2 + (a.estimate - a.low) ** 2)
+    return Interval(difference, max(-1.0, low), min(1.0, high))
+
+
+def newcombe_paired_difference(both: int, only_b: int, only_a: int, neither: int,
+                               z: float = Z95) -> Interval:
+    """Interval of p_b - p_a for two outcomes of the same instances (for example solved after
+    and before RL, each test instance drawn with the same seeds), from the paired counts:
+    Newcombe's paired method 10. It combines the Wilson intervals of the two rates as the
+    independent method does, less twice their product times the outcomes' correlation (phi of
+    the 2x2 table; a positive one lowered by n/2 first, his continuity correction). Where no
+    instance changed outcome the interval is narrow but not empty of doubt: the Wilson widths
+    remain."""
+    counts = (both, only_b, only_a, neither)
+    if min(counts) < 0:
+        raise ValueError(f"paired counts must be >= 0, got {counts}")
+    n = sum(counts)
+    a, b = wilson(both + only_a, n, z), wilson(both + only_b, n, z)
+    difference = b.estimate - a.estimate
+    margins = (both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither)
+    cross = both * neither - only_a * only_b
+    if margins == 0:
+        phi = 0.0
+    else:
+        phi = (cross if cross <= 0 else max(cross - n / 2, 0.0)) / math.sqrt(margins)
+    below_b, above_a = b.estimate - b.low, a.high - a.estimate
+    above_b, below_a = b.high - b.estimate, a.estimate - a.low
+    low = difference - math.sqrt(max(0.0, below_b ** 2 - 2 * phi * below_b * above_a
+                                     + above_a ** 2))
+    high = difference + math.sqrt(max(0.0, above_b ** 2 - 2 * phi * above_b * below_a
+                                      + below_a ** 2))
     return Interval(difference, max(-1.0, low), min(1.0, high))
 
 

@@ -492,7 +492,8 @@ def print_summary(summary: dict, results: list[Evaluation], job: JobConfig) -> N
             lines.append(f"  per {after.split} instance, with the same sampling seeds before and "
                          f"after RL: solved by both {paired['both']}, only after RL "
                          f"{paired['only_after']}, only before {paired['only_before']}, by "
-                         f"neither {paired['neither']}")
+                         f"neither {paired['neither']}; paired 95% interval of the gain "
+                         f"{paired['gain']}")
         changes = failure_changes(before, after)
         if changes:
             lines.append(f"  what RL changed: unsolved {after.split} trajectories by failure "

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from core.stats import newcombe_difference, wilson
+from core.stats import newcombe_difference, newcombe_paired_difference, wilson
 
 
 def test_wilson_matches_published_values():
@@ -40,11 +40,47 @@ def test_newcombe_covers_the_true_difference_about_95_percent_of_the_time():
     assert 0.93 <= hits / 2000 <= 0.97
 
 
+def test_paired_newcombe_matches_published_values():
+    # Fagerland, Lydersen and Laake (2017), Statistical Analysis of Contingency Tables, chapter
+    # 8: complete response before and after consolidation therapy (Cavo et al., 2012), 59 both,
+    # 6 only before, 16 only after, 80 neither; the Newcombe square-and-add interval of
+    # p(before) - p(after) is -0.1186 to -0.0046.
+    interval = newcombe_paired_difference(59, 6, 16, 80)
+    assert interval.estimate == pytest.approx(-10 / 161)
+    assert interval.low == pytest.approx(-0.1186, abs=5e-5)
+    assert interval.high == pytest.approx(-0.0046, abs=5e-5)
+    # uncorrelated outcomes (ad == bc): the independent interval on the same margins
+    assert newcombe_paired_difference(10, 10, 10, 10) == newcombe_difference(20, 40, 20, 40)
+
+
+def test_paired_newcombe_covers_and_is_narrower_than_the_independent_interval():
+    # before solved with p 0.35; after RL a solved instance stays solved with p 0.9 and an
+    # unsolved one becomes solved with p 0.3: p(after) 0.51, a gain of 0.16, correlated pairs
+    rng = random.Random(11)
+    hits = narrower = 0
+    for _ in range(2000):
+        counts = {(True, True): 0, (False, True): 0, (True, False): 0, (False, False): 0}
+        for _ in range(128):
+            before = rng.random() < 0.35
+            counts[before, rng.random() < (0.9 if before else 0.3)] += 1
+        both, only_after = counts[True, True], counts[False, True]
+        only_before, neither = counts[True, False], counts[False, False]
+        paired = newcombe_paired_difference(both, only_after, only_before, neither)
+        independent = newcombe_difference(both + only_before, 128, both + only_after, 128)
+        assert paired.estimate == pytest.approx(independent.estimate)
+        hits += paired.low <= 0.16 <= paired.high
+        narrower += paired.high - paired.low < independent.high - independent.low
+    assert 0.93 <= hits / 2000 <= 0.98
+    assert narrower == 2000
+
+
 def test_bad_counts_say_what_is_wrong():
     with pytest.raises(ValueError, match="n >= 1"):
         wilson(0, 0)
     with pytest.raises(ValueError, match="successes"):
         wilson(5, 3)
+    with pytest.raises(ValueError, match="paired counts"):
+        newcombe_paired_difference(3, -1, 2, 4)
 
 
 def test_welch_p_values_match_scipy_and_holm_keeps_the_family_wise_rate():

@@ -46,3 +46,5 @@ def test_a_real_jobs_evaluations_are_seeded_and_paired_per_instance(real_run):
     assert paired["both"] + paired["only_after"] == after.solved
     assert sum(paired[k] for k in ("both", "only_before", "only_after", "neither")) == \
         paired["instances"]
+    gain = (paired["only_after"] - paired["only_before"]) / paired["instances"]
+    assert paired["gain_low"] - 1e-4 <= gain <= paired["gain_high"] + 1e-4

@@ -91,13 +91,14 @@ async def ensure_model(job: JobConfig) -> Path:
     log.info("creating the tiny default model", path=str(path), seed=seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    try:
+    output = path.with_name(f"init-{scratch.name[1:]}.log")  # this creation's own: jobs beside
+    try:                                                     # it keep theirs apart
         await run_to_end(Child.start("model", python_command(
             "-m", "stalewise", "model", "init-tiny", str(scratch), "--seed", str(seed)),
-            path.parent / "init-tiny.log"))
+            output))
         if not (scratch / "config.json").exists():
-            raise RuntimeError(f"could not create the tiny model in {path}; see "
-                               f"{path.parent / 'init-tiny.log'}")
+            raise RuntimeError(f"could not create the tiny model in {path}; see {output}")
+        output.unlink(missing_ok=True)  # kept only where the creation failed
         try:
             scratch.rename(path)  # replaces nothing but an empty folder
         except OSError:

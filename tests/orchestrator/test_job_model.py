@@ -5,7 +5,8 @@
   model at `model.path` made with another seed stays as it is, and the run makes its own beside
   it (`PATH-seedN`), with the very weights a fresh clone would make;
 - two jobs that start together on a missing `model.path` both get one whole model, and no
-  scratch folder is left;
+  scratch folder or log is left;
+- a creation that fails keeps its own log (not one shared with a job beside it) and names it;
 - a checkpoint that records no tiny seed (any other model) is used as it is, whatever the seed;
 - a folder in the way (no checkpoint in it) is named, with what to do.
 """
@@ -63,7 +64,21 @@ def test_two_jobs_starting_together_share_one_whole_model(tmp_path):
     anyio.run(both)
     assert got == [path, path] and tiny_seed(path) == 3
     assert _weights(path) == _weights(init_tiny(tmp_path / "fresh-clone", seed=3))
-    assert [p.name for p in path.parent.iterdir() if p.is_dir()] == ["tiny"]  # no scratch left
+    assert [p.name for p in path.parent.iterdir()] == ["tiny"]  # no scratch, no log left
+
+
+def test_a_failed_creation_keeps_its_own_log_and_names_it(tmp_path, monkeypatch):
+    import orchestrator.job as job_module
+
+    monkeypatch.setattr(job_module, "python_command", lambda *args: [
+        "python3", "-c", "import sys; print('no room for the weights'); sys.exit(3)"])
+    path = tmp_path / "models" / "tiny"
+    with pytest.raises(RuntimeError, match="could not create the tiny model") as failure:
+        anyio.run(ensure_model, _job(path, 0))
+    logs = list(path.parent.glob("init-tiny.*.log"))
+    assert len(logs) == 1 and str(logs[0]) in str(failure.value)
+    assert "no room for the weights" in logs[0].read_text()
+    assert [p.name for p in path.parent.iterdir()] == [logs[0].name]  # no scratch left
 
 
 def test_a_checkpoint_without_a_tiny_seed_is_used_as_it_is(tmp_path):

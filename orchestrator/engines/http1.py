@@ -288,7 +288,9 @@ class Http1Client:
                      timeout: httpx.Timeout) -> AsyncIterator[StreamedReply]:
         """`method path` with its body as for `request`; the reply with its body unread, for
         the block. `timeout.read` bounds each wait for more of it. A block that leaves the
-        body unread waits up to `FINISH_S` for its end, then the connection is closed."""
+        body unread waits up to `FINISH_S` for its end, then the connection is closed. A block
+        that raises closes it unless the body was read to its end (an error reply read whole,
+        then raised as the engine's error, leaves the connection for the next request)."""
         message = self._message(method, path, json, content, headers, None)
         connection, reply, keep = await self._send(message, method, timeout)
         try:
@@ -296,7 +298,7 @@ class Http1Client:
             if not reply.body.done:
                 keep = await reply.body.finish(FINISH_S) and keep
         except BaseException:
-            connection.close()
+            self._done_with(connection, keep and reply.body.done)
             raise
         self._done_with(connection, keep)
 

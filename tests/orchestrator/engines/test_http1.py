@@ -556,6 +556,35 @@ def test_a_stream_left_before_its_end_keeps_its_connection_only_if_the_end_comes
     assert run(main) == [1, 1, 1, 2]
 
 
+@pytest.mark.parametrize("read_whole", [True, False])
+def test_a_stream_whose_block_raises_keeps_its_connection_only_if_the_reply_was_read_whole(
+        read_whole):
+    """An error reply to a stream, read whole and then raised as the engine's error (as the
+    engine client does with a 400 or 503), leaves its connection for the next request; a block
+    that raises before the body's end closes it, since the rest would be read as the next
+    reply."""
+    body = b'{"error": {"message": "prompt too long"}}'
+    replies = iter([b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n" % len(body) + body, ok()])
+    server = Server(lambda request, i: next(replies))
+
+    async def main():
+        async with server as url:
+            client = Http1Client(url)
+            with pytest.raises(EngineError, match="answered 400"):
+                async with client.stream("POST", "/v1/completions", json={"stream": True},
+                                         timeout=TIMEOUT) as reply:
+                    if read_whole:
+                        assert await reply.aread() == body
+                    raise EngineError(f"answered {reply.status_code}")
+            after = await client.request("GET", "/health", timeout=TIMEOUT)
+            await client.aclose()
+            return after
+
+    assert run(main).json() == {"ok": True}
+    assert server.connections == (1 if read_whole else 2)
+
+
 def test_cancelling_a_stream_closes_its_connection_which_is_how_vllm_aborts():
     closed = asyncio.Event()
 

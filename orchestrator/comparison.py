@@ -2,7 +2,8 @@
 
 `Comparison(out, budget=..., share_warm_start=..., warm_start=...).run(job, config, seed)` runs
 one job at one seed in this process and returns its row: the label, the run id, the exit code,
-held-out success before and after RL, RL seconds and sampled tokens, and the diagnostics read
+held-out success before and after RL (with the gain's interval, and its paired interval over
+the test instances), RL seconds and sampled tokens, and the diagnostics read
 from the store (token lag, IS effective sample size, k3 KL to the sampler, clip fractions, the
 share of trajectories spanning several weights versions, the selection skew). The command
 `stalewise compare` is a loop over jobs and seeds around it, plus the table and plots.
@@ -44,7 +45,8 @@ class Comparison:
         self.out, self.budget, self.share_warm_start = out, budget, share_warm_start
         self.warm_start, self.say = warm_start, say
         self.warm_starts: dict[str, tuple[Path, str]] = {}  # key -> (checkpoint, made by)
-        self.baselines: dict[str, tuple[tuple[int, int], str]] = {}  # key -> (before, by)
+        # key -> (before, the label and run id of the run that measured it)
+        self.baselines: dict[str, tuple[tuple[int, int], str, str]] = {}
 
     def run(self, job, config: Path, seed: int) -> dict[str, Any]:
         """Run `job` at `seed`; its row."""
@@ -62,7 +64,8 @@ class Comparison:
             self.say(f"compare: {label} reuses {baseline[1]}'s evaluation before RL "
                      "(same checkpoint, seed and evaluation settings)")
             prepared = without_before_eval(prepared)
-        row = run_one(prepared, label, config, before=baseline[0] if baseline else None)
+        row = run_one(prepared, label, config, before=baseline[0] if baseline else None,
+                      before_run=baseline[2] if baseline else None)
         start = shared[0] if shared else None  # the checkpoint RL started from
         if shared:
             row["warm_start_from"] = shared[1]
@@ -75,7 +78,7 @@ class Comparison:
             row["before_from"] = baseline[1]
         elif start is not None and row.get("before", (0, 0))[1]:
             self.baselines[before_eval_key(from_checkpoint(prepared, start))] = (
-                row["before"], label)
+                row["before"], label, row["run_id"])
         return row
 
 
@@ -137,10 +140,10 @@ def without_before_eval(job):
     return edited(job, lambda data: data["tasks"].update(eval_before=False))
 
 
-def run_one(job, label: str, config: Path,
-            before: tuple[int, int] | None = None) -> dict[str, Any]:
-    """Run the job; `before` is the evaluation before RL measured by an earlier run when this
-    run skips its own."""
+def run_one(job, label: str, config: Path, before: tuple[int, int] | None = None,
+            before_run: str | None = None) -> dict[str, Any]:
+    """Run the job; `before` is the evaluation before RL measured by an earlier run (of id
+    `before_run`, in the same store) when this run skips its own."""
     from core.store.store import Store
     from orchestrator.job import run_job
 
@@ -151,7 +154,7 @@ def run_one(job, label: str, config: Path,
         row = {"label": label, "config": str(config), "run_id": run_id, "exit_code": code,
                "machine": machine_now()}
         if run_id is not None:
-            row.update(run_figures(store, run_id, before,
+            row.update(run_figures(store, run_id, before, before_run=before_run,
                                    reweight_clip=job.admission.reweight_clip))
         return row
     finally:
@@ -176,11 +179,14 @@ def latest_run(store, name: str) -> str | None:
 
 
 def run_figures(store, run_id: str, before: tuple[int, int] | None = None, *,
+                before_run: str | None = None,
                 reweight_clip: float = DEFAULT_CLIP) -> dict[str, Any]:
     """Held-out success before/after, RL seconds and tokens, and diagnostics, from the store;
-    `before` given means the run did not evaluate before RL itself; `reweight_clip` is the
-    job's `[admission] reweight_clip` (the largest selection weight, for the share of work
-    beyond the weights)."""
+    `before` given means the run did not evaluate before RL itself (run `before_run` did);
+    `reweight_clip` is the job's `[admission] reweight_clip` (the largest selection weight,
+    for the share of work beyond the weights). With both evaluations in the store, the gain
+    is also paired per test instance (`held_out_paired`: the evaluations of one seed draw an
+    instance with the same random numbers, whichever run made them)."""
     from core.store import audit
     from orchestrator.ledger import build_ledger
     from core.evaluation import gain_figures
@@ -205,7 +211,23 @@ def run_figures(store, run_id: str, before: tuple[int, int] | None = None, *,
     }
     if before[1] and after[1]:
         figures["held_out_95"] = gain_figures(before, after)
+        paired = paired_against(store, before_run or run_id, run_id)
+        if paired is not None:
+            figures["held_out_paired"] = paired
     return figures
+
+
+def paired_against(store, before_run: str, run_id: str) -> dict[str, Any] | None:
+    """The paired figures of run `run_id`'s evaluation after RL against run `before_run`'s
+    before it (`orchestrator.evaluate.paired_gain`); None where either is missing."""
+    from core.evaluation import latest_by_label
+    from orchestrator.evaluate import paired_gain
+
+    before = latest_by_label(store.evaluations(before_run)).get("before")
+    after = latest_by_label(store.evaluations(run_id)).get("after")
+    if before is None or after is None:
+        return None
+    return paired_gain(store, (before_run, before), (run_id, after))
 
 
 def eval_counts(store, run_id: str) -> tuple[tuple[int, int], tuple[int, int]]:

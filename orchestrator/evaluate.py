@@ -13,7 +13,10 @@ start's selection and check read validation ones. `distinct` counts different in
 
 A job seeds its evaluations' model calls from `[engine] seed` (`seed` below). Without that, the
 engine drew every row from one generator in the order requests reached its batches, so the
-same weights scored differently from run to run with the timing.
+same weights scored differently from run to run with the timing. Two evaluations of one seed
+draw each instance with the same random numbers, so `paired_gain` pairs them per instance,
+within a run or across two runs of one store (`stalewise compare`, where one run's evaluation
+before RL serves the runs that start from the same checkpoint).
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from statistics import fmean
 import anyio
 
 from core.engine_api import InferenceEngine, SamplingParams
-from core.evaluation import Evaluation, solved
+from core.evaluation import Evaluation, paired_outcomes, solved
 from core.log import get_logger
 from core.seeds import derived_seed
+from core.store.rollouts import evaluation_rewards
 from core.store.store import Store
 from orchestrator.inflight import InFlight
 from orchestrator.recorder import SqlRecorder, outcome_values
@@ -135,3 +139,17 @@ async def _record_cut_short(store: Store, run_id: str, evaluation: Evaluation) -
     except Exception as exc:
         log.warning("could not record the evaluation that was cut short", label=evaluation.label,
                     error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+
+def paired_gain(store: Store, before: tuple[str, Evaluation],
+                after: tuple[str, Evaluation]) -> dict | None:
+    """`core.evaluation.paired_outcomes` of two evaluations, each given as (run id, its
+    evaluation record): per test instance, solved by both, only after, only before, neither,
+    and the paired interval of the gain. None where it cannot pair them: the same run at one
+    weights version (its trajectories of both would mix), or another split."""
+    (before_run, first), (after_run, second) = before, after
+    if first.split != second.split or (before_run == after_run
+                                       and first.policy_version == second.policy_version):
+        return None
+    return paired_outcomes(evaluation_rewards(store, before_run, first.policy_version),
+                           evaluation_rewards(store, after_run, second.policy_version))

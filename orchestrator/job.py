@@ -35,20 +35,18 @@ from core.evaluation import (
     failure_changes,
     gain_figures,
     latest_by_label,
-    paired_outcomes,
 )
 from core.log import bind_run, configure_logging, get_logger
 from core.numerics import cpu_facts, model_width, resolve_dtype
 from core.open_files import raise_open_files
 from core.store import audit
 from core.store.outage import Outage, first_line
-from core.store.rollouts import evaluation_rewards
 from core.store.store import Store
 from core.tiny import tiny_seed
 from core.tokenizer import load_tokenizer
 from orchestrator.cluster.roles import RayLearners
 from orchestrator.engines.fleet import EngineFleet
-from orchestrator.evaluate import evaluate
+from orchestrator.evaluate import evaluate, paired_gain
 from orchestrator.pipeline import Pipeline, tune_gc_for_concurrency
 from orchestrator.pools import PoolSet
 from orchestrator.processes import Supervised, run_to_end
@@ -456,12 +454,9 @@ async def _main(job: JobConfig, store: Store, run_id: str, run_dir: Path, model_
             and by_label["after"].instances > 0:
         summary["held_out_95"] = gain_figures(by_label["before"].counts,
                                               by_label["after"].counts)
-        before_version, after_version = (by_label[label].policy_version
-                                         for label in ("before", "after"))
-        if before_version != after_version:  # else the two evaluations' trajectories mix
-            summary["held_out_paired"] = paired_outcomes(
-                evaluation_rewards(store, run_id, before_version),
-                evaluation_rewards(store, run_id, after_version))
+        paired = paired_gain(store, (run_id, by_label["before"]), (run_id, by_label["after"]))
+        if paired is not None:
+            summary["held_out_paired"] = paired
     write_report(summary, ledger, run_dir, curve=curve)
     print_summary(summary, results, job)
     return summary

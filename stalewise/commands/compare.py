@@ -6,7 +6,8 @@ the same workload, budget and store, then writes, in DIR:
 
 - `compare.md` and `compare.json`: one row per run with test success before and after RL
   (Wilson 95% intervals, from the runs' evaluation records) and the gain (Newcombe 95%
-  interval), RL wall seconds, sampled tokens, and the diagnostics read from the store: mean /
+  interval, and its paired interval over the test instances, which the seeded evaluations
+  allow even where the run's baseline is another run's), RL wall seconds, sampled tokens, and the diagnostics read from the store: mean /
   max token lag, IS effective sample size, k3 KL to the sampler, clip fractions, the share of
   trajectories spanning several weights versions, and the selection skew (difficulty and
   duration TV, excluded token share, and the share of generated work that no selection weight
@@ -125,9 +126,9 @@ def compare_command(
         raise typer.Exit(1)
 
 
-COLUMNS = ("label", "before", "after", "gain [95%]", "RL s", "tokens", "steps", "lag mean",
-           "lag max", "IS ESS", "k3 KL", "clip hi", "clip lo", "multi-version", "difficulty TV",
-           "duration TV", "excluded tokens", "beyond weights")
+COLUMNS = ("label", "before", "after", "gain [95%]", "paired gain [95%]", "RL s", "tokens",
+           "steps", "lag mean", "lag max", "IS ESS", "k3 KL", "clip hi", "clip lo",
+           "multi-version", "difficulty TV", "duration TV", "excluded tokens", "beyond weights")
 
 
 def table_row(row: dict[str, Any]) -> list[str]:
@@ -135,8 +136,9 @@ def table_row(row: dict[str, Any]) -> list[str]:
         return [row["label"], f"failed (exit {row['exit_code']})"] + ["-"] * (len(COLUMNS) - 2)
     fmt = lambda v: "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))  # noqa: E731
     held = row.get("held_out_95", {})
+    paired = row.get("held_out_paired", {})  # absent in runs compared before it existed
     return [row["label"], held.get("before", "-"), held.get("after", "-"), held.get("gain", "-"),
-            fmt(row["rl_seconds"]), str(row["sampled_tokens"]), str(row["learner_steps"])] + [
+            paired.get("gain", "-"), fmt(row["rl_seconds"]), str(row["sampled_tokens"]), str(row["learner_steps"])] + [
         fmt(row.get(k)) for k in ("mean_lag", "max_lag", "is_ess", "kl_sampler_k3", "clip_high",
                                   "clip_low", "multi_version_fraction", "difficulty_tv",
                                   "duration_tv", "excluded_token_share", "beyond_weights_share")]

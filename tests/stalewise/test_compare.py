@@ -96,12 +96,18 @@ def test_compare_two_tiny_jobs(tmp_path):
         assert row["before"][1] == row["after"][1] == 4
         assert row["sampled_tokens"] > 0 and row["rl_seconds"] > 0
         assert "held_out_95" in row and "multi_version_fraction" in row
+        # paired per test instance with the baseline's evaluation, the first run's for both
+        paired = row["held_out_paired"]
+        assert paired["instances"] == 4
+        assert paired["both"] + paired["only_before"] == rows[0]["before"][0]
+        assert paired["both"] + paired["only_after"] == row["after"][0]
         assert 0.0 <= row["beyond_weights_share"] <= 1.0
         assert row["machine"]["cores"] == os.cpu_count() and len(row["machine"]["load_avg_end"]) == 3
         assert row["machine"]["cpu"] == report["summary"]["numerics"]["cpu"]
     table = (out / "compare.md").read_text()
     assert "| sync-s3 |" in table and "| async-s3 |" in table and "IS ESS" in table
     assert "| excluded tokens | beyond weights |" in table
+    assert "| gain [95%] | paired gain [95%] |" in table
     assert "async-s3 from sync-s3's" in table and "async-s3 uses sync-s3's" in table
     assert f"Machine: {rows[0]['machine']['cpu']}, {os.cpu_count()} cores (2 runs)" in table
     assert "| sync | 1 |" in table and "none: every recipe needs two seeds or more" in table

@@ -187,9 +187,9 @@ def run_figures(store, run_id: str, before: tuple[int, int] | None = None, *,
     for the share of work beyond the weights). With both evaluations in the store, the gain
     is also paired per test instance (`held_out_paired`: the evaluations of one seed draw an
     instance with the same random numbers, whichever run made them)."""
+    from core.evaluation import gain_figures
     from core.store import audit
     from orchestrator.ledger import build_ledger
-    from core.evaluation import gain_figures
     from orchestrator.report import generated_work, rollout_dynamics
 
     own_before, after = eval_counts(store, run_id)

@@ -7,8 +7,8 @@ the same workload, budget and store, then writes, in DIR:
 - `compare.md` and `compare.json`: one row per run with test success before and after RL
   (Wilson 95% intervals, from the runs' evaluation records) and the gain (Newcombe 95%
   interval, and its paired interval over the test instances, which the seeded evaluations
-  allow even where the run's baseline is another run's), RL wall seconds, sampled tokens, and the diagnostics read from the store: mean /
-  max token lag, IS effective sample size, k3 KL to the sampler, clip fractions, the share of
+  allow even where the run's baseline is another run's), RL wall seconds, sampled tokens, and
+  the diagnostics read from the store: mean / max token lag, IS effective sample size, k3 KL to the sampler, clip fractions, the share of
   trajectories spanning several weights versions, and the selection skew (difficulty and
   duration TV, excluded token share, and the share of generated work that no selection weight
   within `[admission] reweight_clip` can restore); then one row per recipe over its seeds

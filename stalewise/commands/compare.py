@@ -8,8 +8,9 @@ the same workload, budget and store, then writes, in DIR:
   (Wilson 95% intervals, from the runs' evaluation records) and the gain (Newcombe 95%
   interval, and its paired interval over the test instances, which the seeded evaluations
   allow even where the run's baseline is another run's), RL wall seconds, sampled tokens, and
-  the diagnostics read from the store: mean / max token lag, IS effective sample size, k3 KL to the sampler, clip fractions, the share of
-  trajectories spanning several weights versions, and the selection skew (difficulty and
+  the diagnostics read from the store: mean / max token lag, IS effective sample size, k3 KL
+  to the sampler, clip fractions, the share of trajectories spanning several weights
+  versions, and the selection skew (difficulty and
   duration TV, excluded token share, and the share of generated work that no selection weight
   within `[admission] reweight_clip` can restore); then one row per recipe over its seeds
   (success after RL and the gain as mean, min, max and standard deviation) and the ranking that

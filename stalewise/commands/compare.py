@@ -139,7 +139,8 @@ def table_row(row: dict[str, Any]) -> list[str]:
     held = row.get("held_out_95", {})
     paired = row.get("held_out_paired", {})  # absent in runs compared before it existed
     return [row["label"], held.get("before", "-"), held.get("after", "-"), held.get("gain", "-"),
-            paired.get("gain", "-"), fmt(row["rl_seconds"]), str(row["sampled_tokens"]), str(row["learner_steps"])] + [
+            paired.get("gain", "-"), fmt(row["rl_seconds"]), str(row["sampled_tokens"]),
+            str(row["learner_steps"])] + [
         fmt(row.get(k)) for k in ("mean_lag", "max_lag", "is_ess", "kl_sampler_k3", "clip_high",
                                   "clip_low", "multi_version_fraction", "difficulty_tv",
                                   "duration_tv", "excluded_token_share", "beyond_weights_share")]

@@ -71,10 +71,14 @@ def gain_figures(before: tuple[int, int], after: tuple[int, int]) -> dict[str, A
     """Wilson intervals of success before and after RL and the Newcombe interval of the gain
     (independent samples, so conservative), from (solved, instances) pairs, as the summary,
     report and compare print them."""
-    difference = newcombe_difference(*before, *after)
     return {"before": wilson(*before).percent(), "after": wilson(*after).percent(),
-            "gain": difference.percent(), "gain_excludes_zero": difference.excludes_zero(),
-            "gain_low": round(difference.low, 4), "gain_high": round(difference.high, 4)}
+            **_gain_fields(newcombe_difference(*before, *after))}
+
+
+def _gain_fields(gain: Interval) -> dict[str, Any]:
+    """A gain's interval as the summary, report and compare give it."""
+    return {"gain": gain.percent(), "gain_excludes_zero": gain.excludes_zero(),
+            "gain_low": round(gain.low, 4), "gain_high": round(gain.high, 4)}
 
 
 def paired_outcomes(before: Mapping[str, float | None],
@@ -92,10 +96,8 @@ def paired_outcomes(before: Mapping[str, float | None],
               "only_before": pairs.count((True, False)), "neither": pairs.count((False, False))}
     if not pairs:
         return counts
-    gain = newcombe_paired_difference(counts["both"], counts["only_after"],
-                                      counts["only_before"], counts["neither"])
-    return {**counts, "gain": gain.percent(), "gain_excludes_zero": gain.excludes_zero(),
-            "gain_low": round(gain.low, 4), "gain_high": round(gain.high, 4)}
+    return {**counts, **_gain_fields(newcombe_paired_difference(
+        counts["both"], counts["only_after"], counts["only_before"], counts["neither"]))}
 
 
 def latest_by_label(evaluations: list[Evaluation]) -> dict[str, Evaluation]:

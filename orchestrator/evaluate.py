@@ -146,10 +146,12 @@ def paired_gain(store: Store, before: tuple[str, Evaluation],
     """`core.evaluation.paired_outcomes` of two evaluations, each given as (run id, its
     evaluation record): per test instance, solved by both, only after, only before, neither,
     and the paired interval of the gain. None where it cannot pair them: the same run at one
-    weights version (its trajectories of both would mix), or another split."""
+    weights version (its trajectories of both would mix), another split, or no instance that
+    both ran."""
     (before_run, first), (after_run, second) = before, after
     if first.split != second.split or (before_run == after_run
                                        and first.policy_version == second.policy_version):
         return None
-    return paired_outcomes(evaluation_rewards(store, before_run, first.policy_version),
-                           evaluation_rewards(store, after_run, second.policy_version))
+    paired = paired_outcomes(evaluation_rewards(store, before_run, first.policy_version),
+                             evaluation_rewards(store, after_run, second.policy_version))
+    return paired if paired["instances"] else None

@@ -89,8 +89,8 @@ async def ensure_model(job: JobConfig) -> Path:
     log.info("creating the tiny default model", path=str(path), seed=seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    output = path.with_name(f"init-{scratch.name[1:]}.log")  # this creation's own: jobs beside
-    try:                                                     # it keep theirs apart
+    output = path.with_name(f"init-{scratch.name[1:]}.log")  # this creation's own output
+    try:
         await run_to_end(Child.start("model", python_command(
             "-m", "stalewise", "model", "init-tiny", str(scratch), "--seed", str(seed)),
             output))
